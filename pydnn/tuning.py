@@ -828,6 +828,12 @@ torch = Switches(
                       "operations fewer a step of the CNN demo (6 casts; 9 allocations, each cast's included; "
                       "tests/torch/test_torch_block_lean_cpu.py, test_torch_step_work_cpu.py). False: the block's "
                       "general path"),
+    LINEAR_LEAN=(True, "Linear under autocast with its casts folded (FOLD_CASTS): the float32 weight and bias cast "
+                       "by pydnn.transform_tensor instead of Tensor.to (the 16-bit bias into the workspace buffer, "
+                       "after the matmul's workspace), the bias added by pydnn.add_tensor instead of Tensor.add_, "
+                       "the weight / bias gradients cast back by transform_tensor: 5 torch operations and an "
+                       "allocation fewer a call (the same values: each cast rounds to nearest even, the bias sum is "
+                       "float math rounded once). False: Tensor.to / add_"),
     FUSE_CHAIN=(False, "an nn.Sequential that pydnn.torch.convert(fuse=True) found made of fused conv + batch norm "
                        "blocks (FUSE_BLOCK), nn.Flatten and Linear (the CNN demo's model) runs its training forward "
                        "as one autograd Function (pydnn.torch.functional.ChainFunction: each stage's own forward and "

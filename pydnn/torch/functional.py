@@ -1977,12 +1977,32 @@ def _weight_grad(h, dy, x2, xd, wd=None):
 class _LinearRec:
     """A Linear call's record (FAST_CALLS): x as 2-d (whether it needs a copy), the descriptors, the split-K
     plan (or None) and the forward's matmul workspace size."""
-    __slots__ = ("flat", "xcopy", "wcopy", "d", "sk", "nws", "dt")
+    __slots__ = ("flat", "xcopy", "wcopy", "d", "sk", "nws", "dt", "lean")
+
+
+class _LinearLean:
+    """tuning.torch.LINEAR_LEAN: the descriptors of the folded casts (weight (n, k) and bias (1, n), float32 and the
+    compute dtype) and the forward's scratch layout ([the matmul's workspace | the 16-bit bias])."""
+    __slots__ = ("w32d", "w16d", "b32d", "b16d", "b_off", "total")
+
+
+def _linear_lean(w, b, dt, nws):
+    if not (w.dim() == 2 and w.is_contiguous() and w.dtype in C.DTYPES and w.dtype is not dt
+            and (b is None or (b.dim() == 1 and b.is_contiguous() and b.dtype in C.DTYPES and b.dtype is not dt))):
+        return None
+    n, k = w.shape
+    ll = _LinearLean()
+    ll.w32d, ll.w16d = C.tensor_desc(w.dtype, (n, k), (k, 1)), C.tensor_desc(dt, (n, k), (k, 1))
+    ll.b32d = C.tensor_desc(b.dtype, (1, n), (n, 1)) if b is not None else None
+    ll.b16d = C.tensor_desc(dt, (1, n), (n, 1))
+    ll.b_off = _align(nws, _LEAN_ALIGN)
+    ll.total = ll.b_off + _align(n * torch.empty(0, dtype=dt).element_size(), _LEAN_ALIGN)
+    return ll
 
 
 def _linear_rec(h, x2, w):
     r = _LinearRec()
-    r.dt = None
+    r.dt = r.lean = None
     m, k = x2.shape
     n = w.shape[0]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
@@ -2008,8 +2028,24 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, w, b, rec):
         h = C.handle_for(x2.device)
-        ctx.w_dt = ctx.b_dt = None
-        if rec.dt is not None:  # autocast's casts of the float32 parameters, without their autograd nodes
+        ctx.w_dt = ctx.b_dt = ctx.lean = None
+        has_bias, bp = b is not None, 0
+        ll = rec.lean
+        if (ll is not None and tuning.torch.LINEAR_LEAN and w.dtype is not rec.dt and w.is_contiguous()
+                and (b is None or b.dtype is not rec.dt)):
+            # LINEAR_LEAN: the casts by transform_tensor, the 16-bit bias in the workspace buffer after the
+            # matmul's own workspace (asked first: _matmul's C.workspace then returns the same buffer), added by
+            # pydnn.add_tensor (float math, rounded once: Tensor.add_'s value)
+            ws0, sp = C.workspace(ll.total, x2.device)
+            ctx.w_dt, ctx.lean = w.dtype, ll
+            wl = torch.empty(w.shape, dtype=rec.dt, device=w.device)
+            pydnn.transform_tensor(h, 1.0, ll.w32d, w.data_ptr(), 0.0, ll.w16d, wl.data_ptr())
+            w = wl
+            if b is not None:
+                ctx.b_dt, bp = b.dtype, sp + ll.b_off
+                pydnn.transform_tensor(h, 1.0, ll.b32d, b.data_ptr(), 0.0, ll.b16d, bp)
+                b = None  # (added from bp below)
+        elif rec.dt is not None:  # autocast's casts of the float32 parameters, without their autograd nodes
             if w.dtype is not rec.dt:
                 ctx.w_dt, w = w.dtype, w.to(rec.dt)
             if b is not None and b.dtype is not rec.dt:
@@ -2030,10 +2066,12 @@ class LinearFunction(torch.autograd.Function):
                                               cw, y.data_ptr())
         else:
             _matmul(h, d[0], x2, d[1], w, d[2], y, rec.nws)
-        if b is not None:
+        if bp:
+            pydnn.add_tensor(h, 1.0, ctx.lean.b16d, bp, 1.0, d[2], y.data_ptr())
+        elif b is not None:
             y.add_(b)
         ctx.save_for_backward(x2, w)
-        ctx.has_bias, ctx.descs = b is not None, d
+        ctx.has_bias, ctx.descs = has_bias, d
         return y
 
     @staticmethod
@@ -2052,10 +2090,21 @@ class LinearFunction(torch.autograd.Function):
             dw = _weight_grad(h, dy, x2, xd, wd if w.is_contiguous() else None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
+        ll = ctx.lean
         if dw is not None and ctx.w_dt is not None:
-            dw = dw.to(ctx.w_dt)
+            if ll is not None and dw.is_contiguous():  # (LINEAR_LEAN: the cast back by transform_tensor)
+                d32 = torch.empty(dw.shape, dtype=ctx.w_dt, device=dw.device)
+                pydnn.transform_tensor(h, 1.0, ll.w16d, dw.data_ptr(), 0.0, ll.w32d, d32.data_ptr())
+                dw = d32
+            else:
+                dw = dw.to(ctx.w_dt)
         if db is not None and ctx.b_dt is not None:
-            db = db.to(ctx.b_dt)
+            if ll is not None and db.is_contiguous():
+                d32 = torch.empty(db.shape, dtype=ctx.b_dt, device=db.device)
+                pydnn.transform_tensor(h, 1.0, ll.b16d, db.data_ptr(), 0.0, ll.b32d, d32.data_ptr())
+                db = d32
+            else:
+                db = db.to(ctx.b_dt)
         return dx, dw, db, None
 
 
@@ -2125,6 +2174,8 @@ def linear(x, weight, bias=None):
         w = wc.contiguous()
         rec = _linear_rec(C.handle_for(x2.device), x2, w)
         rec.flat, rec.xcopy, rec.wcopy, rec.dt = flat, xcopy, w is not wc, fold
+        if fold is not None:
+            rec.lean = _linear_lean(weight, bias, fold, max(rec.nws, rec.sk[5] if rec.sk else 0))
         y = _linear_apply(x2, weight, bias, rec)
         if fast:
             _recs[key] = rec

@@ -27,7 +27,7 @@ BRIDGE = os.sep + os.path.join("pydnn", "torch") + os.sep
 _ALLOC = ("empty", "empty_like", "empty_strided")
 
 
-def _run(lean, steps=3, grad_x=False, nhwc=True):
+def _run(lean, steps=3, grad_x=False, nhwc=True, linear=False):
     """steps training steps of the converted model; per step (output, gradients, buffers, pydnn calls, the bridge's
     torch casts, the bridge's torch allocations, lean backward calls)."""
     torch.manual_seed(7)
@@ -40,7 +40,7 @@ def _run(lean, steps=3, grad_x=False, nhwc=True):
     real_to = torch.Tensor.to
     reals = {n: getattr(torch, n) for n in _ALLOC}
     lean_bwd = PF._block_bwd_lean
-    with tuning.override({"torch.BLOCK_LEAN": lean, "torch.BLOCK_NHWC": nhwc}):
+    with tuning.override({"torch.BLOCK_LEAN": lean, "torch.BLOCK_NHWC": nhwc, "torch.LINEAR_LEAN": linear}):
         for _ in range(steps):
             m.zero_grad(set_to_none=True)
             x = torch.randn(2, 3, 4, 4, generator=gen, requires_grad=grad_x)
@@ -117,6 +117,20 @@ def test_lean_block_bf16_same_values_no_casts(emulated, monkeypatch, nhwc):
     def compute(cs):
         return [c for c in cs if c != "transform" and not c.startswith(("get_", "find_", "validated:"))]
     assert compute(on[-1][3]) == compute(off[-1][3])
+
+
+def test_linear_lean_same_values(emulated, monkeypatch):
+    """tuning.torch.LINEAR_LEAN (bf16 autocast, FOLD_CASTS): the Linear's weight / bias casts and their gradients'
+    by transform_tensor, the bias added by add_tensor: the values of Tensor.to / add_, five torch operations fewer
+    (the Linear's four casts and its add, for three allocations: its 16-bit weight and two float32 gradients)."""
+    monkeypatch.setattr(C, "autocast_dtype", lambda: torch.bfloat16)
+    on = _run(True, linear=True)
+    off = _run(True, linear=False)
+    _same(on, off)
+    n_on, n_off = on[-1][4], off[-1][4]
+    assert n_on["to"] == 1 and n_off["to"] == 5, (n_on, n_off)  # (the input's autocast cast is left)
+    assert n_on["alloc"] == n_off["alloc"] + 3, (n_on, n_off)
+    assert on[-1][3].count("add_tensor") == 1 and "add_tensor" not in off[-1][3]
 
 
 def test_lean_block_float32_same_values(emulated):

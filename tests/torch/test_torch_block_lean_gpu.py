@@ -1,7 +1,8 @@
-"""tuning.torch.BLOCK_LEAN on the GPU: the CNN demo's model (its fused conv + batch norm + ReLU + max pool blocks)
-trained a few steps with the lean path against the same model on the general path (the same kernels on the same
-values: the lean path changes where temporaries live and casts by pydnn.transform_tensor instead of Tensor.to,
-both round to nearest even), and in float32 against PyTorch's own modules in float64; a fresh random batch each
+"""tuning.torch.BLOCK_LEAN and LINEAR_LEAN on the GPU: the CNN demo's model (its fused conv + batch norm + ReLU + max
+pool blocks, its Linear with folded casts) trained a few steps with the lean paths against the same model on the
+general paths (the same kernels on the same values: the lean paths change where temporaries live, cast by
+pydnn.transform_tensor instead of Tensor.to, both round to nearest even, and add the Linear's bias by
+pydnn.add_tensor instead of Tensor.add_, both float math rounded once), and in float32 against PyTorch's own modules in float64; a fresh random batch each
 step; before each step the stream's kept workspace buffer (where the lean temporaries live) and a large block
 handed back to PyTorch's caching allocator (where the outputs come from) are poisoned with 0xFF bytes (NaN in
 every float type: close() fails on a value nobody wrote); the lean backward counted (it must have run, both
@@ -46,7 +47,7 @@ def _step(model, x, y, autocast, lean, count):
         return real(*a)
     PF._block_bwd_lean = spy
     try:
-        with tuning.override({"torch.BLOCK_LEAN": lean}), pydnn_runs():
+        with tuning.override({"torch.BLOCK_LEAN": lean, "torch.LINEAR_LEAN": lean}), pydnn_runs():
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                 out = model(x)
                 loss = F.cross_entropy(out.float(), y)
