@@ -828,7 +828,9 @@ torch = Switches(
                       "operations fewer a step of the CNN demo (6 casts; 9 allocations, each cast's included; "
                       "tests/torch/test_torch_block_lean_cpu.py, test_torch_step_work_cpu.py). False: the block's "
                       "general path"),
-    LINEAR_LEAN=(True, "Linear under autocast with its casts folded (FOLD_CASTS): the float32 weight and bias cast "
+    LINEAR_LEAN=(True, "Linear under autocast with its casts folded (FOLD_CASTS), weights up to 2^18 elements (the "
+                       "host-bound CNN demo's classifier; not the GPT demo's projections): the float32 weight and "
+                       "bias cast "
                        "by pydnn.transform_tensor instead of Tensor.to (the 16-bit bias into the workspace buffer, "
                        "after the matmul's workspace), the bias added by pydnn.add_tensor instead of Tensor.add_, "
                        "the weight / bias gradients cast back by transform_tensor: 5 torch operations and an "

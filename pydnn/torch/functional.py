@@ -1986,8 +1986,14 @@ class _LinearLean:
     __slots__ = ("w32d", "w16d", "b32d", "b16d", "b_off", "total")
 
 
+# LINEAR_LEAN takes weights up to this many elements: it saves host time (the CNN demo's classifier, 10 x 8192),
+# while transform_tensor's GPU time on large weights against Tensor.to's is not measured (the GPT demo's
+# 768 x 3072 projections, a device-bound step, keep Tensor.to)
+_LINEAR_LEAN_MAX = 1 << 18
+
+
 def _linear_lean(w, b, dt, nws):
-    if not (w.dim() == 2 and w.is_contiguous() and w.dtype in C.DTYPES and w.dtype is not dt
+    if not (w.dim() == 2 and w.numel() <= _LINEAR_LEAN_MAX and w.is_contiguous() and w.dtype in C.DTYPES and w.dtype is not dt
             and (b is None or (b.dim() == 1 and b.is_contiguous() and b.dtype in C.DTYPES and b.dtype is not dt))):
         return None
     n, k = w.shape
