@@ -904,7 +904,7 @@ class _LeanBwd:
     """The scratch layout of a block's lean backward for one (handle, needs) and its cast descriptors: offsets of
     the pool's gradient (pdy), the batch norm's (bdx), the NHWC input gradient (dxh), the 16-bit weight / bias
     gradients (dw16, db16; -1: not used), after `ws` bytes for the calls' own workspaces."""
-    __slots__ = ("nws_bn", "ws", "pdy", "bdx", "dxh", "dw16", "db16", "total", "db32d", "dw_to", "nrs")
+    __slots__ = ("nws_bn", "ws", "pdy", "bdx", "dxh", "dw16", "db16", "total", "db32d", "dw_to")
 
 
 def _lean_bwd_plan(h, rec, bn, x_bn, xc, wc, need, w_dt, b_dt):
@@ -1993,7 +1993,8 @@ _LINEAR_LEAN_MAX = 1 << 18
 
 
 def _linear_lean(w, b, dt, nws):
-    if not (w.dim() == 2 and w.numel() <= _LINEAR_LEAN_MAX and w.is_contiguous() and w.dtype in C.DTYPES and w.dtype is not dt
+    if not (w.dim() == 2 and w.numel() <= _LINEAR_LEAN_MAX and w.is_contiguous() and w.dtype in C.DTYPES
+            and w.dtype is not dt
             and (b is None or (b.dim() == 1 and b.is_contiguous() and b.dtype in C.DTYPES and b.dtype is not dt))):
         return None
     n, k = w.shape
