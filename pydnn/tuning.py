@@ -836,7 +836,7 @@ torch = Switches(
                        "the weight / bias gradients cast back by transform_tensor: 5 torch operations and an "
                        "allocation fewer a call (the same values: each cast rounds to nearest even, the bias sum is "
                        "float math rounded once). False: Tensor.to / add_"),
-    FUSE_CHAIN=(False, "an nn.Sequential that pydnn.torch.convert(fuse=True) found made of fused conv + batch norm "
+    FUSE_CHAIN=(True, "an nn.Sequential that pydnn.torch.convert(fuse=True) found made of fused conv + batch norm "
                        "blocks (FUSE_BLOCK), nn.Flatten and Linear (the CNN demo's model) runs its training forward "
                        "as one autograd Function (pydnn.torch.functional.ChainFunction: each stage's own forward and "
                        "backward bodies, one node) once every stage has its call record, without hooks on any "
