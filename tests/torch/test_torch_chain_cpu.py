@@ -17,18 +17,7 @@ from pydnn.torch import functional as PF  # noqa: E402
 from pydnn.torch import modules as M  # noqa: E402
 from test_torch_block_nhwc_cpu import _model  # noqa: E402 (the demo's model at its channel counts)
 from test_torch_emulated_cpu import emulated, no_fallback  # noqa: E402,F401
-
-
-def _nodes(t):
-    seen, todo, names = set(), [t.grad_fn], []
-    while todo:
-        f = todo.pop()
-        if f is None or f in seen:
-            continue
-        seen.add(f)
-        names.append(type(f).__name__)
-        todo.extend(g for g, _ in f.next_functions)
-    return names
+from test_torch_fuse_block_cpu import _nodes  # noqa: E402
 
 
 def _convert(m):
