@@ -2468,8 +2468,12 @@ def chain(seq, x):
                                            m.groups, getattr(bn, "activation", None), bn.__dict__.get("pool")))
             except TypeError:
                 return None
-            if not rec or rec.bn.pool is None or not _bn_params_ok(rec.bn.pdt, (bw, bb_, rm, rv)):
+            if not rec or rec.bn.pool is None:
                 return None
+            pdt = rec.bn.pdt
+            for t in (bw, bb_, rm, rv):  # (_bn_params_ok's checks; on_cuda once for the chain, below)
+                if t is not None and (t.dtype != pdt or not t.is_contiguous()):
+                    return None
             plan.append([_ST_BLOCK, rec, 6, bn])
             ts += (w, b, bw, bb_, rm, rv)
             pr = rec.bn.pool
@@ -2498,6 +2502,8 @@ def chain(seq, x):
             ts += (w, b)
             shape = torch.Size((shape[0], w.shape[0]))
             strides, dtype = (w.shape[0], 1), rec.dt if rec.dt is not None else dtype
+    if not C.on_cuda(*ts):
+        return None
     for st in plan:  # sure to run: the batch norms' counters and factors (as _BatchNormMixin._bn_state)
         if st[0] == _ST_BLOCK:
             bn = st[3]
