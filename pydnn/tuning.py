@@ -826,8 +826,10 @@ torch = Switches(
                       "parameters' casts (float32 <-> autocast's dtype) are pydnn.transform_tensor calls instead of "
                       "Tensor.to, and the forward's 16-bit bias is a pointer into the workspace too: 11 torch "
                       "operations fewer a step of the CNN demo (6 casts; 9 allocations, each cast's included; "
-                      "tests/torch/test_torch_block_lean_cpu.py, test_torch_step_work_cpu.py). False: the block's "
-                      "general path"),
+                      "tests/torch/test_torch_block_lean_cpu.py, test_torch_step_work_cpu.py). On the H200 "
+                      "(tools/bench_cnn_step.py, mid-session run of session 32) its own effect was within the "
+                      "host's run-to-run spread: 1.054x PyTorch's step with it (one run), 1.096x / 1.028x without; "
+                      "the chain's 1.011x / 1.014x ran with it. False: the block's general path"),
     LINEAR_LEAN=(False, "Linear under autocast with its casts folded (FOLD_CASTS), weights up to 2^18 elements (the "
                        "host-bound CNN demo's classifier; not the GPT demo's projections): the float32 weight and "
                        "bias cast "
