@@ -38,7 +38,7 @@ def _poison():
     del blk  # (back to the caching allocator, poisoned: the step's allocations split it)
 
 
-def _step(model, x, y, autocast, lean, count):
+def _step(model, x, y, autocast, switches, count):
     _poison()
     real = PF._block_bwd_lean
 
@@ -47,7 +47,7 @@ def _step(model, x, y, autocast, lean, count):
         return real(*a)
     PF._block_bwd_lean = spy
     try:
-        with tuning.override({"torch.BLOCK_LEAN": lean, "torch.LINEAR_LEAN": lean}), pydnn_runs():
+        with tuning.override(switches), pydnn_runs():
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                 out = model(x)
                 loss = F.cross_entropy(out.float(), y)
@@ -57,13 +57,23 @@ def _step(model, x, y, autocast, lean, count):
     return out
 
 
+# (switches on, switches off, lean block backwards a step on / off): BLOCK_LEAN alone, and LINEAR_LEAN alone (the
+# blocks lean in both runs)
+_CASES = {"block": ({"torch.BLOCK_LEAN": True, "torch.LINEAR_LEAN": False},
+                    {"torch.BLOCK_LEAN": False, "torch.LINEAR_LEAN": False}, (2, 0)),
+          "linear": ({"torch.BLOCK_LEAN": True, "torch.LINEAR_LEAN": True},
+                     {"torch.BLOCK_LEAN": True, "torch.LINEAR_LEAN": False}, (2, 2))}
+
+
+@pytest.mark.parametrize("case", ["block", "linear"])
 @pytest.mark.parametrize("autocast", [True, False], ids=["bf16_autocast", "float32"])
-def test_lean_blocks_equal_the_general_path(autocast):
+def test_lean_blocks_equal_the_general_path(autocast, case):
     """3 steps (the demo's 3x32x32 digits shape; batch 32 in bf16, 8 in float32 as test_torch_fuse_block_gpu's
     float64 check: at batch 32 the float32 conv 1 weight gradient reached 2.7e-3 max-norm off float64 on the
     general path too, mid-session run of session 32, over the 1e-3 allowed): logits, every parameter gradient
     (float32) and the running statistics of the lean path equal the general path's; in float32 both within the
-    summed-product tolerance of PyTorch's float64 modules."""
+    summed-product tolerance of PyTorch's float64 modules. case 'linear': LINEAR_LEAN on against off (its casts
+    and bias add exist under autocast only: in float32 both runs take Tensor's path)."""
     (lean, gen_), ref = _models()
     if not autocast:
         ref.double()
@@ -75,9 +85,10 @@ def test_lean_blocks_equal_the_general_path(autocast):
         for m in (lean, gen_, ref):
             m.zero_grad(set_to_none=True)
         n_lean, n_gen = [0], [0]
-        out_l = _step(lean, x, y, autocast, True, n_lean)
-        out_g = _step(gen_, x, y, autocast, False, n_gen)
-        assert n_lean[0] == 2 and n_gen[0] == 0, (n_lean, n_gen)
+        on, off, want = _CASES[case]
+        out_l = _step(lean, x, y, autocast, on, n_lean)
+        out_g = _step(gen_, x, y, autocast, off, n_gen)
+        assert (n_lean[0], n_gen[0]) == want, (n_lean, n_gen)
         dt = torch.bfloat16 if autocast else torch.float32
         assert out_l.dtype == out_g.dtype == dt
         close(out_l, out_g, dt, f"step {step} logits lean / general", tol=1e-6)
