@@ -836,6 +836,12 @@ torch = Switches(
                       "(tools/bench_cnn_step.py, mid-session run of session 32) its own effect was within the "
                       "host's run-to-run spread: 1.054x PyTorch's step with it (one run), 1.096x / 1.028x without; "
                       "the chain's 1.011x / 1.014x ran with it. False: the block's general path"),
+    BLOCK_ARENA=(True, "a BLOCK_LEAN block's training forward (affine batch norm) allocates the tensors that only "
+                       "its backward reads (the NHWC copy of x, the 16-bit / NHWC filter, the convolution's output, "
+                       "the batch norm's output and its statistics / reserve buffer) as one buffer, pydnn's calls "
+                       "taking pointers into it (the backward's general path, where it runs, takes views of it): "
+                       "7 torch allocations and 7 saved tensors fewer a CNN demo step (4 of 6 allocations in the "
+                       "second block's forward, 3 of 5 in the first's). False: one allocation each"),
     LINEAR_LEAN=(False, "Linear under autocast with its casts folded (FOLD_CASTS), weights up to 2^18 elements (the "
                        "host-bound CNN demo's classifier; not the GPT demo's projections): the float32 weight and "
                        "bias cast "
