@@ -882,14 +882,7 @@ def _block_fwd_lean(h, rec, lf, x, w, b):
     NHWC copy under BLOCK_NHWC, else into a packed 16-bit filter kept for the backward)."""
     conv, dt = rec.conv, rec.dt
     pl = conv.pl
-    ws, sp = C.workspace(lf.total, x.device)
-    if b is None:
-        bp = 0
-    elif lf.b32d is not None:
-        bp = sp + lf.b_off
-        pydnn.transform_tensor(h, 1.0, lf.b32d, b.data_ptr(), 0.0, pl.bd, bp)
-    else:
-        bp = b.data_ptr()
+    ws, sp, bp = _lean_bias(h, lf, pl, b, x.device)
     if rec.nhwc:
         cp = pl.nhwc
         cl = torch.channels_last
@@ -905,21 +898,38 @@ def _block_fwd_lean(h, rec, lf, x, w, b):
         else:
             wc = _transform(h, w, torch.empty(w.shape, dtype=dt, device=w.device), lf.w32d, lf.w16d)
         y = _output_like(x, pl.y_shape)
+    _lean_conv(h, cp, xc.data_ptr(), wc.data_ptr(), sp, y.data_ptr(), bp)
+    return y, (xc, wc, None), (2 if rec.nhwc else False)
+
+
+def _lean_bias(h, lf, pl, b, dev):
+    """The lean forward's workspace (tensor, pointer) and its bias pointer (the 16-bit cast in the workspace after
+    the convolution's own, where the bias is not in the compute dtype; 0: no bias)."""
+    ws, sp = C.workspace(lf.total, dev)
+    if b is None:
+        bp = 0
+    elif lf.b32d is not None:
+        bp = sp + lf.b_off
+        pydnn.transform_tensor(h, 1.0, lf.b32d, b.data_ptr(), 0.0, pl.bd, bp)
+    else:
+        bp = b.data_ptr()
+    return ws, sp, bp
+
+
+def _lean_conv(h, cp, xcp, wcp, sp, yp, bp):
+    """The lean forward's convolution on plan cp (bias bp fused where there is one) into yp."""
     wsp = sp if cp.fwd_ws else None
-    yp = y.data_ptr()
     if bp:
         try:
             pydnn.convolution_bias_activation_forward(
-                h, 1.0, cp.xd, xc.data_ptr(), cp.wd, wc.data_ptr(), cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp,
-                cp.bd, bp, activation_desc("identity"), cp.yd, yp)
+                h, 1.0, cp.xd, xcp, cp.wd, wcp, cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp, cp.bd, bp,
+                activation_desc("identity"), cp.yd, yp)
         except pydnn.PydnnError as e:
             if C.is_not_supported(e):
                 cp.fused_ok = False  # (the general path from now on: its unfused form)
             raise
     else:
-        pydnn.convolution_forward(h, 1.0, cp.xd, xc.data_ptr(), cp.wd, wc.data_ptr(), cp.cd, cp.fwd, wsp, cp.fwd_ws,
-                                  0.0, cp.yd, yp)
-    return y, (xc, wc, None), (2 if rec.nhwc else False)
+        pydnn.convolution_forward(h, 1.0, cp.xd, xcp, cp.wd, wcp, cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp)
 
 
 def _block_fwd_arena(h, rec, lf, x, w, b, bn_w, bn_b, running_mean, running_var, factor, eps):
@@ -929,14 +939,7 @@ def _block_fwd_arena(h, rec, lf, x, w, b, bn_w, bn_b, running_mean, running_var,
     conv, dt, bn = rec.conv, rec.dt, rec.bn
     pl = conv.pl
     dev = x.device
-    ws, sp = C.workspace(lf.total, dev)
-    if b is None:
-        bp = 0
-    elif lf.b32d is not None:
-        bp = sp + lf.b_off
-        pydnn.transform_tensor(h, 1.0, lf.b32d, b.data_ptr(), 0.0, pl.bd, bp)
-    else:
-        bp = b.data_ptr()
+    ws, sp, bp = _lean_bias(h, lf, pl, b, dev)
     arena = torch.empty(lf.arena, dtype=torch.uint8, device=dev)
     ap = arena.data_ptr()
     if rec.nhwc:
@@ -952,19 +955,8 @@ def _block_fwd_arena(h, rec, lf, x, w, b, bn_w, bn_b, running_mean, running_var,
         else:
             wcp, wt = ap + lf.o_wc, None
             pydnn.transform_tensor(h, 1.0, lf.w32d, w.data_ptr(), 0.0, lf.w16d, wcp)
-    wsp = sp if cp.fwd_ws else None
     yp = ap + lf.o_y
-    if bp:
-        try:
-            pydnn.convolution_bias_activation_forward(
-                h, 1.0, cp.xd, xcp, cp.wd, wcp, cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp, cp.bd, bp,
-                activation_desc("identity"), cp.yd, yp)
-        except pydnn.PydnnError as e:
-            if C.is_not_supported(e):
-                cp.fused_ok = False  # (the general path from now on: its unfused form)
-            raise
-    else:
-        pydnn.convolution_forward(h, 1.0, cp.xd, xcp, cp.wd, wcp, cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp)
+    _lean_conv(h, cp, xcp, wcp, sp, yp, bp)
     # the batch norm (Ex, ReLU) on the convolution's output, as _bn_fwd_train with its record's buffer layout
     smp, ybp = ap + lf.o_buf, ap + lf.o_yb
     nws = bn.nws
