@@ -27,7 +27,12 @@
 namespace pydnn {
 namespace conv {
 
-template <class T, int BN, int STAGES>
+// BKN (backward data, conv_tma.plan_dgrad_tma): the forward of dy whose B is read straight from the KRSC filter w
+// (the problem's output channels are w's C, its reduction channels w's K): B's tile for tap t, reduction block
+// cb and output channels n0.. is w[cb * 64 ..][t][n0 ..], BN / 64 boxes of 64 c (contiguous) x 64 k, each
+// landing as 64 rows (k) of 128 bytes (c): MN-major B, as gemm_tma's TB = false slabs (descriptor LBO = the
+// 64-column slab, wgmma's transpose bit for B).
+template <class T, int BN, int STAGES, bool BKN = false>
 __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTmaParams q) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "fwd_tma needs the sm_90a target (KernelUnit archs)");
@@ -94,7 +99,12 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
               tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
               const unsigned sa = sbase + st * STAGE_BYTES, sb = sa + A_BYTES;
               tma::load_4d(sa, map_x, full, cb * BK, iw, ih, nb);
-              tma::load_3d(sb, map_w, full, cb * BK, tap, n0);
+              if constexpr (BKN) {
+#pragma unroll
+                for (int i = 0; i < BN / 64; ++i) tma::load_3d(sb + i * SLAB, map_w, full, n0 + 64 * i, tap, cb * BK);
+              } else {
+                tma::load_3d(sb, map_w, full, cb * BK, tap, n0);
+              }
             }
           }
         }
@@ -131,8 +141,9 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
           const unsigned long long da = wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
-          const unsigned long long db = wgmma::desc_sw128(sb + kk * 32, 16, 1024);
-          wgmma::Mma<T, BN, 0, 0>::run(acc, da, db, 1);
+          const unsigned long long db =
+              BKN ? wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sb + kk * 32, 16, 1024);
+          wgmma::Mma<T, BN, 0, BKN ? 1 : 0>::run(acc, da, db, 1);
         }
         wgmma::commit();
         wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled

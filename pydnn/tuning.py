@@ -164,6 +164,11 @@ conv = Switches(
                     "never (tools/bench_conv_tma.py; H200 mid-session run 3: 1.10-1.30x fwd_wgmma on 11 forward "
                     "rows, geomean vs cuDNN 0.594 -> 0.706)"),
     FWD_TMA_BN=(None, "fwd_tma's tile width in output channels (64, 128 or 256); None: conv_tma._bn's choice"),
+    DGRAD_TMA=(False, "sm_90: a call's own unsplit stride-1 backward-data plan on fwd_wgmma runs fwd_tma instead "
+                      "(the forward of dy; B read MN-major from the packed KRSC filter by TMA, or from "
+                      "filter_kc_swap's copy where the replaced plan is the swap's; conv_tma.tma_dgrad_top): True "
+                      "where C >= conv_tma.MIN_K and no tiling is forced, \"always\" also under a forced tiling "
+                      "(tests, benchmarks), False never (tools/bench_dgrad_tma.py)"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),
