@@ -305,8 +305,6 @@ def dgrad_refusal(handle, pb, swap):
     fwd_tma takes (tma_refusal: sm_90, 16-bit, one group, 2-d, K % 8, dy NHWC-like with 16-byte strides), and
     the direct read (swap False) needs w packed KRSC with C % 8 (the map's 16-byte row stride)."""
     from .tensor_core import _bwd_wgm_problem
-    if getattr(pb, "view", None) is not None:
-        return f"a {pb.view} view (dgrad_phases' phases keep fwd_wgmma)"
     if pb.stride3 != (1, 1, 1):
         return "stride"
     why = tma_refusal(handle, _bwd_wgm_problem(pb))
@@ -356,6 +354,6 @@ def tma_dgrad_top(handle, pl):
     return plan_dgrad_tma(handle, pb, pl.algo, pl, swap)
 
 
-register_top(tma_dgrad_top)
+register_top(tma_dgrad_top, own_only=True)   # (dgrad_phases' phases keep fwd_wgmma)
 register_tma_planner(lambda handle, pb, algo, fallback: (plan_tma(handle, pb, algo, fallback)
                                                          if tma_refusal(handle, pb) is None else None))

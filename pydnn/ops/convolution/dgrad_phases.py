@@ -122,7 +122,6 @@ def sub_problem(pb, ph):
     s.pad3 = tuple(d.q for d in ph)
     s.dil3 = tuple(d.dil for d in ph)
     s.stride3 = (1, 1, 1)
-    s.view = "phase"   # (conv_tma.dgrad_refusal: a phase keeps fwd_wgmma; only the call's own stride-1 plan is moved)
     s.xs = tuple(pb.xs[:2]) + tuple(pb.xs[2 + i] * pb.stride3[i] for i in range(3))
     s.ws = tuple(pb.ws[:2]) + tuple(pb.ws[2 + i] * ph[i].step for i in range(3))
     s.w_dims = tuple(pb.w_dims[:2]) + s.filt3[3 - pb.nspatial:]
