@@ -27,9 +27,10 @@
 namespace pydnn {
 namespace conv {
 
-// BKN (backward data, conv_tma.plan_dgrad_tma): the forward of dy whose B is read straight from the KRSC filter w
-// (the problem's output channels are w's C, its reduction channels w's K): B's tile for tap t, reduction block
-// cb and output channels n0.. is w[cb * 64 ..][t][n0 ..], BN / 64 boxes of 64 c (contiguous) x 64 k, each
+// BKN (backward data, conv_tma.plan_dgrad_tma): the forward of dy whose B is read straight from the filter w
+// (KRSC through its strides: a 4-d map (C, S, R, K), so that a strided phase's sub-filter view is one too; the
+// problem's output channels are w's C, its reduction channels w's K): B's tile for tap (r, s), reduction block
+// cb and output channels n0.. is w[cb * 64 ..][r][s][n0 ..], BN / 64 boxes of 64 c (contiguous) x 64 k, each
 // landing as 64 rows (k) of 128 bytes (c): MN-major B, as gemm_tma's TB = false slabs (descriptor LBO = the
 // 64-column slab, wgmma's transpose bit for B).
 template <class T, int BN, int STAGES, bool BKN = false>
@@ -92,7 +93,8 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
           const int ih = h0 + r * p.dil[1] - p.pad[1];
           for (int s = 0; s < S; ++s) {
             const int iw = w0 + s * p.dil[2] - p.pad[2];
-            const int tap = flip ? (R - 1 - r) * S + (S - 1 - s) : r * S + s;
+            const int rr = flip ? R - 1 - r : r, ss = flip ? S - 1 - s : s;
+            const int tap = rr * S + ss;
             for (int cb = 0; cb < q.cblocks; ++cb, ++it) {
               const unsigned st = it % STAGES, full = full0 + 8 * st;
               tma::mbar_wait(empty0 + 8 * st, ((it / STAGES) & 1) ^ 1);
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
               tma::load_4d(sa, map_x, full, cb * BK, iw, ih, nb);
               if constexpr (BKN) {
 #pragma unroll
-                for (int i = 0; i < BN / 64; ++i) tma::load_3d(sb + i * SLAB, map_w, full, n0 + 64 * i, tap, cb * BK);
+                for (int i = 0; i < BN / 64; ++i) tma::load_4d(sb + i * SLAB, map_w, full, n0 + 64 * i, ss, rr, cb * BK);
               } else {
                 tma::load_3d(sb, map_w, full, cb * BK, tap, n0);
               }

@@ -169,6 +169,9 @@ conv = Switches(
                       "filter_kc_swap's copy where the replaced plan is the swap's; conv_tma.tma_dgrad_top): True "
                       "where C >= conv_tma.MIN_K and no tiling is forced, \"always\" also under a forced tiling "
                       "(tests, benchmarks), False never (tools/bench_dgrad_tma.py)"),
+    DGRAD_TMA_PHASES=(False, "as DGRAD_TMA for the stride-1 phases of a strided backward data (dgrad_phases.py): "
+                             "each phase's fwd_wgmma plan on fwd_tma (B through a 4-d map of the phase's "
+                             "sub-filter view)"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),

@@ -3,7 +3,8 @@
 plan it replaces (the model's plan with DGRAD_TMA off: fwd_wgmma reading B from the filter) and cuDNN, bf16 NHWC,
 in one run.
 
-    python3 tools/bench_dgrad_tma.py [--rows 0,1,..] [--sweep] [--swap] [--reps 5] [--budget-s S] [--out DIR]
+    python3 tools/bench_dgrad_tma.py [--rows 0,1,..] [--sweep] [--phases] [--swap] [--reps 5] [--budget-s S]
+                                     [--out DIR]
 
 Rows: ROWS (the backward data of bench_conv_tma.py's forward layers), or with --sweep every backward-data point of
 tools/sweep_conv.py's grid that DGRAD_TMA True takes on this device (stride 1, one group; the plan is planned
@@ -14,6 +15,9 @@ tile forced where the model's plan is not an unsplit fwd_wgmma one: such a row s
 PyTorch first (dx poisoned with NaN, max error / max |ref| <= 2e-2), then device ms per call from CUDA graphs
 of back-to-back calls (sweep_common.graph_ms), and cuDNN's dgrad (aten.convolution_backward, cudnn.benchmark)
 in the same run. Ratio = cuDNN ms / pydnn ms.
+--phases: the grid's strided one-group points instead, whose dgrad_phases plan DGRAD_TMA_PHASES True puts on
+fwd_tma (a phase at least); `model` with both switches off, `tma` with DGRAD_TMA_PHASES True. Each row says
+whether fwd_tma's maps encoded (`encoded`; else its calls ran the fwd_wgmma fallback).
 """
 import argparse
 import json
@@ -25,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# (name, N, C, K, H = W, R, pad): dx has C channels, dy K
+# (name, N, C, K, H = W, R, pad[, stride]): dx has C channels, dy K
 ROWS = [
     ("issue 3x3 64->64 @56", 64, 64, 64, 56, 3, 1),
     ("unet 3x3 256->256 @32", 128, 256, 256, 32, 3, 1),
@@ -42,43 +46,55 @@ ROWS = [
 WGM_TILE = (128, 128, 4, 1, 1)
 
 
-def sweep_rows(h, budget_rows=None):
-    """sweep_conv's grid: its stride-1, one-group points whose backward data DGRAD_TMA True plans on fwd_tma, as
-    ROWS entries (name, N, C, K, H, R, pad), plus how many stride-1 one-group points were looked at."""
+def _descs(n, c, k, hh, r, pad, stride=1):
+    import pydnn
+    bf = pydnn.PYDNN_DATA_BFLOAT16
+    p = (hh + 2 * pad - r) // stride + 1
+    xd, yd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
+    pydnn.set_tensor4d_descriptor(xd, pydnn.PYDNN_TENSOR_NHWC, bf, n, c, hh, hh)
+    pydnn.set_tensor4d_descriptor(yd, pydnn.PYDNN_TENSOR_NHWC, bf, n, k, p, p)
+    wd = pydnn.create_filter_descriptor()
+    pydnn.set_filter4d_descriptor(wd, bf, pydnn.PYDNN_TENSOR_NHWC, k, c, r, r)
+    conv = pydnn.create_convolution_descriptor()
+    pydnn.set_convolution2d_descriptor(conv, pad, pad, stride, stride, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
+                                       pydnn.PYDNN_DATA_FLOAT)
+    return conv, xd, wd, yd
+
+
+def on_tma(pl):
+    """Whether a plan runs fwd_tma for backward data: a DgradTmaPlan, or a phase plan with one among its phases."""
+    from pydnn.ops.convolution import conv_tma as CTMA
+    return isinstance(pl, CTMA.DgradTmaPlan) or any(isinstance(s[0], CTMA.DgradTmaPlan) for s in getattr(pl, "subs", ()))
+
+
+def sweep_rows(h, phases=False):
+    """sweep_conv's grid: its one-group points of stride 1 (phases: > 1) whose backward data DGRAD_TMA True
+    (DGRAD_TMA_PHASES True) plans on fwd_tma, as ROWS entries (name, N, C, K, H, R, pad, stride), plus how many
+    such one-group points were looked at."""
     import pydnn
     import sweep_conv
     from pydnn import tuning
-    from pydnn.ops.convolution import conv_tma as CTMA, plans as CP, problem as CPb
+    from pydnn.ops.convolution import plans as CP, problem as CPb
 
     probs, _ = sweep_conv.grid(0, False)
     out, seen, looked = [], set(), 0
-    bf = pydnn.PYDNN_DATA_BFLOAT16
     for pr in probs:
-        if pr["stride"] != 1 or pr["groups"] != 1:
+        if (pr["stride"] != 1) != phases or pr["groups"] != 1:
             continue
-        key = (pr["n"], pr["c"], pr["k"], pr["h"], pr["r"], pr["pad"])
+        key = (pr["n"], pr["c"], pr["k"], pr["h"], pr["r"], pr["pad"], pr["stride"])
         if key in seen:
             continue
         seen.add(key)
         looked += 1
-        n, c, k, hh, r, pad = key
-        p = hh + 2 * pad - r + 1
-        xd, yd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
-        pydnn.set_tensor4d_descriptor(xd, pydnn.PYDNN_TENSOR_NHWC, bf, n, c, hh, hh)
-        pydnn.set_tensor4d_descriptor(yd, pydnn.PYDNN_TENSOR_NHWC, bf, n, k, p, p)
-        wd = pydnn.create_filter_descriptor()
-        pydnn.set_filter4d_descriptor(wd, bf, pydnn.PYDNN_TENSOR_NHWC, k, c, r, r)
-        conv = pydnn.create_convolution_descriptor()
-        pydnn.set_convolution2d_descriptor(conv, pad, pad, 1, 1, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
-                                           pydnn.PYDNN_DATA_FLOAT)
-        with tuning.override({"conv.DGRAD_TMA": True}):
+        conv, xd, wd, yd = _descs(*key)
+        with tuning.override({"conv.DGRAD_TMA_PHASES" if phases else "conv.DGRAD_TMA": True}):
             try:
                 algo = pydnn.get_convolution_backward_data_algorithm_v7(h, wd, yd, conv, xd, 1)[0].algo
                 pl = CP.new_plan(h, CPb.DIR_BWD_DATA, algo, conv, xd, wd, yd)
             except pydnn.PydnnError:
                 continue
-        if isinstance(pl, CTMA.DgradTmaPlan):
-            out.append((sweep_conv.case_name(pr), n, c, k, hh, r, pad))
+        if on_tma(pl):
+            out.append((sweep_conv.case_name(pr),) + key)
     return out, looked
 
 
@@ -86,6 +102,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="")
     ap.add_argument("--sweep", action="store_true", help="the sweep's backward-data points DGRAD_TMA takes")
+    ap.add_argument("--phases", action="store_true", help="the sweep's strided points DGRAD_TMA_PHASES takes")
     ap.add_argument("--swap", action="store_true", help="also time the swap route (WGM_BWD_SWAP)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=1e9)
@@ -95,7 +112,6 @@ def main(argv=None):
     import torch
     import pydnn
     import sweep_common as SC
-    from bench import desc
     from pydnn import tuning
     from pydnn.ops.convolution import conv_tma as CTMA, plans as CP, problem as CPb
 
@@ -109,12 +125,13 @@ def main(argv=None):
         one = SC.graph_ms(h, fn, calls=1, reps=1)
         return SC.graph_ms(h, fn, calls=max(1, min(20, int(2.0 / max(one, 1e-3)))), reps=args.reps)
 
-    if args.sweep:
-        table, looked = sweep_rows(h)
-        print(f"sweep: {len(table)} of {looked} stride-1 one-group shapes planned on fwd_tma by DGRAD_TMA True",
-              flush=True)
+    if args.sweep or args.phases:
+        table, looked = sweep_rows(h, args.phases)
+        print(f"sweep: {len(table)} of {looked} {'strided' if args.phases else 'stride-1'} one-group shapes planned "
+              f"on fwd_tma by {'DGRAD_TMA_PHASES' if args.phases else 'DGRAD_TMA'} True", flush=True)
     else:
         table = ROWS
+    switch = "conv.DGRAD_TMA_PHASES" if args.phases else "conv.DGRAD_TMA"
     idx = [int(i) for i in args.rows.split(",") if i] or range(len(table))
     rows = []
     os.makedirs(args.out, exist_ok=True)
@@ -123,26 +140,21 @@ def main(argv=None):
         if time.monotonic() - t0 > args.budget_s:
             print(f"budget spent: row {i} and after not run", flush=True)
             break
-        name, n, c, k, hw, r, pad = table[i]
-        p = hw + 2 * pad - r + 1
-        row = dict(case=name if args.sweep else f"N{n} {name}", flops=2.0 * n * k * p * p * c * r * r)
+        name, n, c, k, hw, r, pad, stride = (tuple(table[i]) + (1,))[:8]
+        p = (hw + 2 * pad - r) // stride + 1
+        row = dict(case=name if args.sweep or args.phases else f"N{n} {name}", flops=2.0 * n * k * p * p * c * r * r)
         dev = SC.DEV
         x = torch.empty(n, c, hw, hw, device=dev, dtype=bf).contiguous(memory_format=cl)
         w = (torch.randn(k, c, r, r, device=dev, dtype=bf) / math.sqrt(k * r * r)).contiguous(memory_format=cl)
         dy = torch.randn(n, k, p, p, device=dev, dtype=bf).contiguous(memory_format=cl)
         dx = torch.empty_like(x)
-        xd, yd = desc(x, dtype=pydnn.PYDNN_DATA_BFLOAT16), desc(dy, dtype=pydnn.PYDNN_DATA_BFLOAT16)
-        wd = pydnn.create_filter_descriptor()
-        pydnn.set_filter4d_descriptor(wd, pydnn.PYDNN_DATA_BFLOAT16, pydnn.PYDNN_TENSOR_NHWC, k, c, r, r)
-        conv = pydnn.create_convolution_descriptor()
-        pydnn.set_convolution2d_descriptor(conv, pad, pad, 1, 1, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
-                                           pydnn.PYDNN_DATA_FLOAT)
-        cudnn = lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [1, 1], [pad, pad], [1, 1], False,  # noqa: E731
-                                                            [0, 0], 1, [True, False, False])[0]
+        conv, xd, wd, yd = _descs(n, c, k, hw, r, pad, stride)
+        cudnn = lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad, pad], [1, 1],  # noqa: E731
+                                                            False, [0, 0], 1, [True, False, False])[0]
         ref = cudnn().float()
 
         def plan_with(mode, swap, force):
-            over = {"conv.DGRAD_TMA": mode, "conv.WGM_BWD_SWAP": swap}
+            over = {switch: mode, "conv.WGM_BWD_SWAP": swap}
             saved = tuning.conv.TC_FORCE.get(CPb.DIR_BWD_DATA)
             try:
                 if force:
@@ -176,16 +188,22 @@ def main(argv=None):
         base = plan_with(False, False, False)
         row["model_kernel"] = getattr(base, "gemm_expr", type(base).__name__)
         run("model", base)
-        forced = not (type(base) is CP.Plan and "fwd_wgmma<" in base.gemm_expr and base.fold is None)
+        forced = not args.phases and not (type(base) is CP.Plan and "fwd_wgmma<" in base.gemm_expr
+                                          and base.fold is None)
         routes = [("tma", False)] + ([("swap", True)] if args.swap else [])
         for route, swap in routes:
             pl = plan_with(True if not forced and not swap else "always", swap, forced)
-            if not isinstance(pl, CTMA.DgradTmaPlan):
+            if not on_tma(pl):
                 row["note"] = row.get("note", "") + f" {route} not taken ({CTMA.dgrad_refusal(h, pl.problem, swap)})"
                 continue
+            tp = [s[0] for s in pl.subs if isinstance(s[0], CTMA.DgradTmaPlan)] if args.phases else [pl]
             if route == "tma":
-                row["box"] = (pl.q.tw, pl.q.th, pl.q.tn, pl.bn)
+                row["box"] = [(t.q.tw, t.q.th, t.q.tn, t.bn) for t in tp] if args.phases else (pl.q.tw, pl.q.th, pl.q.tn,
+                                                                                              pl.bn)
             run(route, pl)
+            row[f"{route}_encoded"] = all(len(t.maps[1].known) > 0 for t in tp)   # else the fallback ran
+            if not row[f"{route}_encoded"]:
+                row["note"] = row.get("note", "") + f" {route}: maps not encoded (the fwd_wgmma fallback ran)"
         if forced:
             row["forced"] = True
         row["cudnn_ms"] = timer(cudnn)

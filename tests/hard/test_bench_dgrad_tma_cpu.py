@@ -27,4 +27,16 @@ def test_bench_dgrad_tma_sweep_rows(dry_main):
     import pydnn
     table, looked = B.sweep_rows(pydnn.create())
     assert 0 < len(table) < looked
-    assert all(r >= 1 and c >= 64 for _, n, c, k, hw, r, pad in table)
+    assert all(r >= 1 and c >= 64 and stride == 1 for _, n, c, k, hw, r, pad, stride in table)
+
+
+def test_bench_dgrad_tma_phases_dry(dry_main, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    import bench_dgrad_tma as B
+    import pydnn
+    table, looked = B.sweep_rows(pydnn.create(), phases=True)
+    assert 0 < len(table) < looked and all(row[7] > 1 for row in table)
+    monkeypatch.setattr(B, "sweep_rows", lambda h, phases=False: ([table[0], table[-1]], looked))
+    rows = B.main(["--out", str(tmp_path), "--phases", "--reps", "1"])
+    assert len(rows) == 2 and all("model_ms" in r and "tma_ms" in r and "cudnn_ms" in r for r in rows)
+    assert all(r["tma_encoded"] is False for r in rows)   # (a CPU handle cannot encode maps: the fallback ran)

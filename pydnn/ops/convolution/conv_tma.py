@@ -194,10 +194,12 @@ class _Map:
         return TM.encode_tiled(self.tag, address, self.dims, self.strides, self.box)
 
 
-def plan_tma(handle, pb, algo, fallback, pl=None, bkn=False):
+def plan_tma(handle, pb, algo, fallback, pl=None, bkn_ws=None):
     """fwd_tma's plan of a forward problem tma_refusal takes (`fallback`: the plan a misaligned call runs).
-    Backward data (plan_dgrad_tma) passes its forward of dy as pb, its own plan object as pl, and bkn: B read
-    from the original KRSC filter (K = pb.c, C = pb.k) instead of a packed (pb.k, taps, pb.c) one."""
+    Backward data (plan_dgrad_tma) passes its forward of dy as pb, its own plan object as pl, and bkn_ws: B read
+    from the original filter (K = pb.c, C = pb.k) through these (k, c, d, r, s) strides instead of a packed
+    (pb.k, taps, pb.c) one."""
+    bkn = bkn_ws is not None
     pl = pl if pl is not None else TmaPlan(DIR_FWD, algo, pb)
     p = base_params(pb, DIR_FWD)
     p.gm, p.gn, p.gk = pb.n * pb.out3[1] * pb.out3[2], pb.k, pb.c * pb.filt3[1] * pb.filt3[2]
@@ -219,8 +221,8 @@ def plan_tma(handle, pb, algo, fallback, pl=None, bkn=False):
     es = 2
     H, W, C = pb.in3[1], pb.in3[2], pb.c
     xs, R, S = pb.xs, pb.filt3[1], pb.filt3[2]
-    if bkn:   # w (K, taps, C) itself: boxes of 64 of its C (this forward's output channels) x 1 tap x 64 of its K
-        mw = _Map(pb.tag, (pb.k, R * S, C), (pb.k * es, R * S * pb.k * es), (64, 1, BK))
+    if bkn:   # w (K, R, S, C) itself: boxes of 64 of its C (this forward's output channels) x 1 tap x 64 of its K
+        mw = _Map(pb.tag, (pb.k, S, R, C), (bkn_ws[4] * es, bkn_ws[3] * es, bkn_ws[0] * es), (64, 1, 1, BK))
     else:     # (K, taps, C) packed, C this forward's input channels: boxes of 64 of them x 1 tap x BN of K
         mw = _Map(pb.tag, (C, R * S, pb.k), (C * es, R * S * C * es), (BK, 1, bn))
     pl.maps = (TM.MapCache(_Map(pb.tag, (C, W, H, n), (xs[4] * es, xs[3] * es, xs[0] * es), (BK, tw, th, tn))),
@@ -294,12 +296,6 @@ class DgradTmaPlan(TmaPlan):
         self.run_kernel(handle, a_ptr, b_ptr, out_ptr, alpha, beta)
 
 
-def _packed_krsc(pb):
-    R, S = pb.filt3[1], pb.filt3[2]
-    ws = pb.ws
-    return ws[1] == 1 and ws[4] == pb.c and ws[3] == S * pb.c and ws[0] == R * S * pb.c
-
-
 def dgrad_refusal(handle, pb, swap):
     """Why fwd_tma does not take a stride-1 backward-data problem (text), or None: its forward of dy must be one
     fwd_tma takes (tma_refusal: sm_90, 16-bit, one group, 2-d, K % 8, dy NHWC-like with 16-byte strides), and
@@ -310,9 +306,10 @@ def dgrad_refusal(handle, pb, swap):
     why = tma_refusal(handle, _bwd_wgm_problem(pb))
     if why is not None:
         return why
-    if not swap:
-        if not _packed_krsc(pb):
-            return "the filter is not packed KRSC (the direct read)"
+    if not swap:   # the 4-d map (C, S, R, K) of w through its strides: C contiguous, 16-byte strides
+        ws = pb.ws
+        if ws[1] != 1 or any(ws[i] % 8 for i in (0, 3, 4)):
+            return f"filter strides {tuple(ws)} (the direct read: C contiguous, 16-byte tap / K strides)"
         if pb.c % 8:
             return "C % 8 (the filter map's 16-byte row stride)"
     return None
@@ -325,19 +322,21 @@ def plan_dgrad_tma(handle, pb, algo, fallback, swap):
     from .tensor_core import _bwd_wgm_problem
     spb = _bwd_wgm_problem(pb)
     pl = DgradTmaPlan(DIR_BWD_DATA, algo, pb)
-    plan_tma(handle, spb, algo, fallback, pl=pl, bkn=not swap)
+    plan_tma(handle, spb, algo, fallback, pl=pl, bkn_ws=None if swap else tuple(pb.ws))
     pl.problem, pl.sub_problem = pb, spb
+    pl.unit = pl.unit_name   # (dgrad_phases' PhasePlan names its biggest phase's unit)
     pl.swap_plan = fallback if swap else None
     pl.workspace = fallback.workspace if swap else 0
     return pl
 
 
-def tma_dgrad_top(handle, pl):
+def tma_dgrad_top(handle, pl, mode=None):
     """plans.register_top's hook: a call's own unsplit stride-1 backward-data plan on fwd_wgmma (tensor_core's
     direct plan, or its BwdWgmmaPlan) runs fwd_tma where tuning.conv.DGRAD_TMA is True (C >= MIN_K: the forward
-    rule on this forward's output channels; no forced tiling) or "always", and dgrad_refusal takes it."""
+    rule on this forward's output channels; no forced tiling) or "always", and dgrad_refusal takes it.
+    mode: the switch's value (tma_dgrad_phase_top passes DGRAD_TMA_PHASES' for a strided call's phases)."""
     from .tensor_core import BwdWgmmaPlan
-    mode = tuning.conv.DGRAD_TMA
+    mode = tuning.conv.DGRAD_TMA if mode is None else mode
     if not mode or pl.direction != DIR_BWD_DATA or pl.fold is not None:
         return pl
     if type(pl) is BwdWgmmaPlan:
@@ -354,6 +353,12 @@ def tma_dgrad_top(handle, pl):
     return plan_dgrad_tma(handle, pb, pl.algo, pl, swap)
 
 
-register_top(tma_dgrad_top, own_only=True)   # (dgrad_phases' phases keep fwd_wgmma)
-register_tma_planner(lambda handle, pb, algo, fallback: (plan_tma(handle, pb, algo, fallback)
-                                                         if tma_refusal(handle, pb) is None else None))
+def tma_dgrad_phase_top(handle, pl):
+    """The same for dgrad_phases.py's phases of a strided call (each a stride-1 backward data of dy into a
+    strided view of dx, with a sub-filter view of w: the direct read's 4-d map takes its tap strides), under
+    tuning.conv.DGRAD_TMA_PHASES."""
+    return tma_dgrad_top(handle, pl, tuning.conv.DGRAD_TMA_PHASES or False)
+
+
+register_top(tma_dgrad_top, scope="own")
+register_top(tma_dgrad_phase_top, scope="sub")

@@ -197,19 +197,19 @@ def estimate_ms(handle, pl):
 _TOP = []   # hooks fn(handle, plan) -> plan applied to a call's own plan (new_plan), never to a step's
 
 
-def register_top(fn, own_only=False):
+def register_top(fn, scope="all"):
     """A hook for the plan of a call itself (new_plan), not for the plans other plans run as steps
     (planner(): those run without a workspace of their own): tensor_core.py's split-K of fwd_wgmma.
-    own_only: not for a step plan's sub-plans either (apply_top from dgrad_phases.py), only a call's own
-    (conv_tma.py's backward data: a phase's filter view is not the packed KRSC its TMA read takes)."""
-    _TOP.append((fn, own_only))
+    scope: "all" also for a step plan's sub-plans that apply_top is asked for (dgrad_phases.py's phases),
+    "own" a call's own plan only, "sub" those sub-plans only (conv_tma.py's backward data: one switch each)."""
+    _TOP.append((fn, scope))
 
 
 def apply_top(handle, pl, own=False):
     """The register_top hooks on a plan that runs with a workspace of its own: a call's (new_plan: own), or a
     step plan's sub-plan whose workspace the step plan reserves (dgrad_phases.py's phases: the largest)."""
-    for fn, own_only in _TOP:
-        if own or not own_only:
+    for fn, scope in _TOP:
+        if scope == "all" or (scope == "own") == own:
             pl = fn(handle, pl)
     return pl
 

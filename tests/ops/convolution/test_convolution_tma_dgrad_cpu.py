@@ -106,7 +106,8 @@ def test_forward_of_dy_and_maps(h, on, monkeypatch):
     mx, mw = pl.maps[0].map, pl.maps[1].map
     assert mx.dims == (136, Q, P, 6) and mx.strides == (136 * 2, Q * 136 * 2, P * Q * 136 * 2)
     assert mx.box == (64, q.tw, q.th, q.tn)
-    assert mw.dims == (72, 9, 136) and mw.strides == (72 * 2, 9 * 72 * 2) and mw.box == (64, 1, 64)  # w itself
+    assert mw.dims == (72, 3, 3, 136) and mw.box == (64, 1, 1, 64)   # w itself: (C, S, R, K)
+    assert mw.strides == (72 * 2, 3 * 72 * 2, 9 * 72 * 2)
     assert (q.tiles_k, q.cblocks) == (cdiv(72, pl.bn), 3) and pl.bn == 128
     assert pl.items == q.tiles_w * q.tiles_h * q.tiles_n * q.tiles_k and pl.grid[0] == min(pl.items, 132)
 
@@ -270,3 +271,49 @@ def test_bkn_unit_compiles_without_spills(tag, bn):
     for line in log.splitlines():
         if "spill" in line:
             assert "0 bytes spill stores, 0 bytes spill loads" in line, line
+
+
+@pytest.mark.parametrize("args, kw", [
+    ((2, 72, 64, 9), dict(r=3, pad=1, stride=2, wdim=10)),        # 3x3 / 2: phases of 2x2, 2x1, 1x2, 1x1 taps
+    ((3, 64, 136, 8), dict(r=3, pad=1, stride=2, mode=CONV)),     # the flip over each phase's sub-filter
+    ((2, 64, 72, 9), dict(r=1, pad=0, stride=2)),                 # 1x1 / 2: 3 of 4 phases without taps (the fill)
+    ((1, 128, 64, 11), dict(r=5, pad=2, stride=2)),               # 5x5 / 2: 3x3, 3x2, 2x3, 2x2 taps
+    ((2, 64, 64, 13), dict(r=3, pad=2, stride=3, dil=2)),         # stride 3, dilation 2
+])
+def test_phases_emulated(h, rng, monkeypatch, args, kw):
+    """DGRAD_TMA_PHASES: each phase of a strided backward data on fwd_tma's direct read, B through the 4-d map of
+    the phase's sub-filter view (dims (C, S', R', K) and strides taken from the map itself, at the phase's filter
+    offset); the phases' emulated walks placed at their dx offsets and strides, the tapless phases zero (the fill),
+    equal the float64 reference of the whole strided problem."""
+    from pydnn.ops.convolution import dgrad_phases as DP
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA_PHASES", "always")
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_DATA, WGM_TILE)
+    kw = dict(kw)
+    n, c, k, hw = args
+    r, pad, stride = kw.pop("r"), kw.pop("pad"), kw["stride"]
+    pl = _plan(h, n, c, k, hw, r, pad, **kw)
+    assert isinstance(pl, DP.PhasePlan) and pl.subs
+    assert all(isinstance(sp, T.DgradTmaPlan) and sp.swap_plan is None for sp, _, _, _ in pl.subs)
+    pb = pl.problem
+    H, W, P, Q = pb.in3[1], pb.in3[2], pb.out3[1], pb.out3[2]
+    dy = rng.integers(-3, 4, (n, k, P, Q)).astype(np.float64)
+    w = rng.integers(-3, 4, (k, c, r, r)).astype(np.float64)
+    wflat = w.transpose(0, 2, 3, 1).ravel()      # packed KRSC
+    dx = np.full(n * H * W * c, np.nan)
+    for sp, dx_off, w_off, spb in pl.subs:
+        mw = sp.maps[1].map
+        C_, S_, R_, K_ = mw.dims
+        st = [b // 2 for b in mw.strides]        # (s, r, k) strides in elements
+        assert (C_, K_) == (c, k) and mw.box == (64, 1, 1, 64)
+        wsub = np.lib.stride_tricks.as_strided(wflat[w_off:], (K_, R_, S_, C_), [v * 8 for v in (st[2], st[1], st[0], 1)])
+        got = _emulate(sp.sub_problem, sp.q, dy.transpose(0, 2, 3, 1), wsub, sp.bn, True)
+        xs = spb.xs   # the phase's dx strides (n, c, d, h, w)
+        view = np.lib.stride_tricks.as_strided(dx[dx_off:], got.shape, [v * 8 for v in (xs[0], xs[3], xs[4], xs[1])])
+        assert np.isnan(view).all(), "a dx element in two phases"
+        view[...] = got
+    if pl.fill is not None:
+        dx[np.isnan(dx)] = 0.0
+    got = dx.reshape(n, H, W, c).transpose(0, 3, 1, 2)
+    want = ref.backward_data_raw(w, dy, (H, W), pb.pad3[1:], pb.stride3[1:], pb.dil3[1:], 1, not pb.flip)
+    assert not np.isnan(got).any(), "a dx element never written"
+    np.testing.assert_array_equal(got, want)

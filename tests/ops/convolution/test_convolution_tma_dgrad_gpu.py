@@ -45,6 +45,13 @@ def _on(monkeypatch, swap=False):
     monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_DATA, WGM_TILE)
 
 
+def _encodes(pl, dy_ptr, w_ptr):
+    """The plan's maps encode on this driver (else its call would run the fwd_wgmma fallback, and a test that
+    passed would not have run fwd_tma): dy's, and the filter's at w_ptr (the swap's: any 16-byte aligned base)."""
+    pl.maps[0].get(dy_ptr)
+    pl.maps[1].get(w_ptr)
+
+
 def _planned(handle, pb, swap, bn=None):
     pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
     assert isinstance(pl, CTMA.DgradTmaPlan), f"{type(pl).__name__} {getattr(pl, 'gemm_expr', '')}"
@@ -52,6 +59,7 @@ def _planned(handle, pb, swap, bn=None):
     assert (pl.workspace > 0) == swap
     if bn is not None:
         assert pl.bn == bn
+    _encodes(pl, pb.y.ptr, pb.w.ptr)
     return pl
 
 
@@ -126,3 +134,36 @@ def test_tma_backward_data_true_takes_the_model_plan(handle, rng, monkeypatch):
     check_backward_data(rng, make, BF16, lambda pb, a, b: _backward_data_tc_run(handle, pb, a, b),
                         "fwd_tma backward data (DGRAD_TMA True)")
     assert CT is not None
+
+
+PHASE_CASES = [  # strided: dgrad_phases.py's stride-1 phases, each on fwd_tma's direct read (DGRAD_TMA_PHASES)
+    ((2, 64, 13, 11), 64, (3, 3), (1, 1), (2, 2), (1, 1), 1, "nhwc", NHWC),     # ResNet 3x3/2, odd sizes
+    ((2, 32, 9, 10), 128, (1, 1), (0, 0), (2, 2), (1, 1), 1, "nhwc", NHWC),     # 1x1/2: one phase + the fill
+    ((2, 24, 11, 7), 16, (3, 2), (2, 0), (3, 2), (1, 1), 1, "pad8", NHWC),      # stride 3 / 2, padded NHWC dx
+    ((1, 16, 12, 9), 8, (3, 3), (2, 1), (2, 2), (2, 1), 1, "nhwc", NHWC),       # dilation 2 with stride 2
+    ((3, 136, 11, 9), 256, (3, 3), (1, 1), (2, 2), (1, 1), 1, "nhwc", NHWC),    # C 136: 3 B boxes + a tail
+    ((2, 72, 15, 13), 192, (5, 5), (2, 2), (2, 2), (1, 1), 1, "nhwc", NHWC),    # 5x5/2, K 192
+]
+
+
+@pytest.mark.parametrize("case", PHASE_CASES, ids=[f"p{i}" for i in range(len(PHASE_CASES))])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "half"])
+def test_tma_phases(handle, rng, monkeypatch, case, dtype):
+    """A strided backward data whose phases run fwd_tma (B through each phase's 4-d sub-filter map at its filter
+    offset, dx through the phase's offset and strides): every phase with taps planned on it."""
+    from pydnn.ops.convolution import dgrad_phases as DP
+    _need_sm90(handle)
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA_PHASES", "always")
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_BWD_DATA, WGM_TILE)
+
+    def make(mode):
+        pb = _tc_problem(case, dtype, mode)
+        pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert isinstance(pl, DP.PhasePlan) and pl.subs and pl.workspace == 0
+        assert all(isinstance(sp, CTMA.DgradTmaPlan) for sp, _, _, _ in pl.subs)
+        for sp, _, w_off, _ in pl.subs:   # each phase's sub-filter view (strides past its extents) encodes
+            _encodes(sp, pb.y.ptr, pb.w.ptr + w_off * pl.itemsize)
+        return pb
+
+    check_backward_data(rng, make, dtype, lambda pb, a, b: _backward_data_tc_run(handle, pb, a, b),
+                        "fwd_tma phases", BWD_DATA_MODES + ((XCORR, 0.5, -1.0),), reproducible=True)
