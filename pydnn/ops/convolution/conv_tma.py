@@ -14,6 +14,11 @@ rows at the image's edges (_box).
 The plan (TmaPlan, a StepPlan) encodes x's and the filter's tensor maps per call (tensormap.MapCache: once
 per base address) into ConvTmaParams and launches one kernel; ConvolutionBiasActivationForward's fields are
 the embedded ConvParams' (plan.gemm), so the fused call runs the same kernel with its epilogue.
+
+Backward data (DgradTmaPlan, tuning.conv.DGRAD_TMA / DGRAD_TMA_PHASES; the section "backward data" below): a
+stride-1 dx is the forward of dy with the flipped, K <-> C transposed filter, which fwd_tma<..., BKN = true>
+reads straight from w (MN-major TMA boxes), or K-major from filter_kc_swap's copy; a strided call's phases
+(dgrad_phases.py) are such stride-1 problems too.
 """
 import ctypes
 
