@@ -5,7 +5,6 @@ dy it runs (sizes, padding, the tensor maps' dims / strides / boxes, the workspa
 of the kernel's walk with B read as the direct route's boxes of w (64 c x 64 k, MN-major) or the swap's packed
 copy, against the float64 reference; the launches (the swap before the kernel; a misaligned call runs the
 replaced plan with the call's own pointers); the BKN units compile for sm_90a without spills."""
-import itertools
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from pydnn.reference import convolution as ref
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
 from plan_digest import cpu_handle  # noqa: E402
+from test_convolution_tma_cpu import _emulate as emulate_forward  # noqa: E402
 
 BF16 = pydnn.PYDNN_DATA_BFLOAT16
 NHWC, NCHW = pydnn.PYDNN_TENSOR_NHWC, pydnn.PYDNN_TENSOR_NCHW
@@ -125,62 +125,22 @@ def test_swap_route(h, on, monkeypatch):
 
 
 def _emulate(spb, q, dy, w, bn, direct):
-    """fwd_tma's walk on the forward of dy in numpy: dy (N, P, Q, K), w (K, R, S, C) float64; B as the direct
-    route's TMA boxes of w (bn / 64 boxes of 64 c x 64 k at (n0 + 64 i, tap, c0), MN-major: [k][c] rows) or
-    the swap's packed w' (C, taps, K) boxes (64 k x bn c, K-major). Returns dx (N, H, W, C)."""
-    N, H, W, K = dy.shape
-    _, R, S, C = w.shape
-    Ho, Wo = spb.out3[1], spb.out3[2]
-    out = np.full((N, Ho, Wo, C), np.nan)
-    dh, dw, ph, pw = spb.dil3[1], spb.dil3[2], spb.pad3[1], spb.pad3[2]
+    """fwd_tma's walk (test_convolution_tma_cpu's emulation) on the forward of dy: dy (N, P, Q, K), w (K, R, S, C)
+    float64; B as the swap's packed w' (C, taps, K) boxes (64 k x bn c, K-major), or as the direct route's TMA boxes
+    of w (bn / 64 boxes of 64 c x 64 k at (n0 + 64 i, s, r, c0), MN-major: [k][c] rows). Returns dx (N, H, W, C)."""
+    K, R, S, C = w.shape
     wt = w.reshape(K, R * S, C)
-    wp = wt.transpose(2, 1, 0)   # the swap's (C, taps, K)
-
-    def box_a(c0, iw, ih, nb):
-        a = np.zeros((q.tn, q.th, q.tw, 64))
-        for ni, hi, wi in itertools.product(range(q.tn), range(q.th), range(q.tw)):
-            n, y, x = nb + ni, ih + hi, iw + wi
-            if 0 <= n < N and 0 <= y < H and 0 <= x < W:
-                cs = dy[n, y, x, c0:c0 + 64]
-                a[ni, hi, wi, :len(cs)] = cs
-        return a.reshape(128, 64)
 
     def box_b(c0, tap, n0):   # (bn, 64): [output channel][reduction channel]
         b = np.zeros((bn, 64))
-        if direct:
-            for i in range(bn // 64):
-                slab = np.zeros((64, 64))   # 64 rows (k) of 64 c: the box at (n0 + 64 i, tap, c0)
-                blk = wt[c0:c0 + 64, tap, n0 + 64 * i:n0 + 64 * i + 64]
-                slab[:blk.shape[0], :blk.shape[1]] = blk
-                b[64 * i:64 * i + 64, :] = slab.T
-        else:
-            blk = wp[n0:n0 + bn, tap, c0:c0 + 64]
-            b[:blk.shape[0], :blk.shape[1]] = blk
+        for i in range(bn // 64):
+            slab = np.zeros((64, 64))   # 64 rows (k) of 64 c: the box at (n0 + 64 i, tap, c0)
+            blk = wt[c0:c0 + 64, tap, n0 + 64 * i:n0 + 64 * i + 64]
+            slab[:blk.shape[0], :blk.shape[1]] = blk
+            b[64 * i:64 * i + 64, :] = slab.T
         return b
 
-    per_k = q.tiles_w * q.tiles_h * q.tiles_n
-    for item in range(per_k * q.tiles_k):
-        tk, rr = divmod(item, per_k)
-        bw = rr % q.tiles_w
-        rr //= q.tiles_w
-        bh, bi = rr % q.tiles_h, rr // q.tiles_h
-        w0, h0, nb, n0 = bw * q.tw, bh * q.th, bi * q.tn, tk * bn
-        acc = np.zeros((128, bn))
-        for r in range(R):
-            for s in range(S):
-                tap = (R - 1 - r) * S + (S - 1 - s) if spb.flip else r * S + s
-                for cb in range(q.cblocks):
-                    acc += box_a(cb * 64, w0 + s * dw - pw, h0 + r * dh - ph, nb) @ box_b(cb * 64, tap, n0).T
-        for row in range(128):
-            wi, hi, ni = row % q.tw, (row // q.tw) % q.th, row // (q.tw * q.th)
-            n, oh, ow = nb + ni, h0 + hi, w0 + wi
-            if n >= N or oh >= Ho or ow >= Wo:
-                continue
-            for col in range(bn):
-                if n0 + col < C:
-                    assert np.isnan(out[n, oh, ow, n0 + col]), "a dx element written twice"
-                    out[n, oh, ow, n0 + col] = acc[row, col]
-    return out
+    return emulate_forward(spb, q, dy, w.transpose(3, 1, 2, 0), bn, box_b if direct else None)
 
 
 @pytest.mark.parametrize("args, kw", [
