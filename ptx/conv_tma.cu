@@ -27,18 +27,20 @@
 namespace pydnn {
 namespace conv {
 
-// BKN (backward data, conv_tma.plan_dgrad_tma): the forward of dy whose B is read straight from the filter w
-// (KRSC through its strides: a 4-d map (C, S, R, K), so that a strided phase's sub-filter view is one too; the
-// problem's output channels are w's C, its reduction channels w's K): B's tile for tap (r, s), reduction block
-// cb and output channels n0.. is w[cb * 64 ..][r][s][n0 ..], BN / 64 boxes of 64 c (contiguous) x 64 k, each
-// landing as 64 rows (k) of 128 bytes (c): MN-major B, as gemm_tma's TB = false slabs (descriptor LBO = the
-// 64-column slab, wgmma's transpose bit for B).
-template <class T, int BN, int STAGES, bool BKN = false>
+// BKN (backward data, conv_tma.plan_dgrad_tma): 0 B K-major (the forward's packed KRSC filter, or backward data's
+// swapped copy); else the forward of dy whose B is read straight from the filter w (the problem's output
+// channels are w's C, its reduction channels w's K): B's tile for tap (r, s), reduction block cb and output
+// channels n0.. is w[cb * 64 ..][r][s][n0 ..], BN / 64 boxes of 64 c (contiguous) x 64 k, each landing as 64
+// rows (k) of 128 bytes (c): MN-major B, as gemm_tma's TB = false slabs (descriptor LBO = the 64-column slab,
+// wgmma's transpose bit for B). BKN 1: w packed KRSC, a 3-d map (C, R * S, K) (a call's own stride-1 plan);
+// BKN 2: a 4-d map (C, S, R, K) through w's strides (a strided call's phase: its sub-filter view).
+template <class T, int BN, int STAGES, int BKN = 0>
 __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTmaParams q) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "fwd_tma needs the sm_90a target (KernelUnit archs)");
 #endif
   static_assert(BN == 64 || BN == 128 || BN == 256, "fwd_tma tile");
+  static_assert(BKN >= 0 && BKN <= 2, "fwd_tma B layout");
   constexpr int BM = 128, BK = 64;
   constexpr unsigned A_BYTES = BM * BK * sizeof(T), B_BYTES = BN * BK * sizeof(T);
   constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
@@ -101,7 +103,10 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
               tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
               const unsigned sa = sbase + st * STAGE_BYTES, sb = sa + A_BYTES;
               tma::load_4d(sa, map_x, full, cb * BK, iw, ih, nb);
-              if constexpr (BKN) {
+              if constexpr (BKN == 1) {
+#pragma unroll
+                for (int i = 0; i < BN / 64; ++i) tma::load_3d(sb + i * SLAB, map_w, full, n0 + 64 * i, tap, cb * BK);
+              } else if constexpr (BKN == 2) {
 #pragma unroll
                 for (int i = 0; i < BN / 64; ++i) tma::load_4d(sb + i * SLAB, map_w, full, n0 + 64 * i, ss, rr, cb * BK);
               } else {

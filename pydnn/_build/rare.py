@@ -38,6 +38,9 @@ RULES = (
     # --- instantiations only a forced tiling or a non-default tuning switch runs (benchmarks, tests)
     Rule(r"convolution\.wgmma\.(f16|bf16)", r"fwd_wgmma<[^,]+, (64, 4, 2|128, 4, 1)(, 0, 1)?>$",
          "fwd_wgmma's plain copy loop (tensor_core.WGM_VARIANTS): only tuning.conv.TC_FORCE runs it"),
+    Rule(r"convolution\.tma_phase\.(f16|bf16)\.bn(64|128|256)", r"",
+         "fwd_tma<..., BKN = 2>: a strided backward data's phases on fwd_tma, only under tuning.conv.DGRAD_TMA_PHASES "
+         "(off: not measured yet)"),
     Rule(r"convolution\.wgrad\.(f16|bf16)", r"wgrad_tc_wgmma<[^,]+, (128, 128, 4, 1, 1|64, 128, 4, 2, 1)>$",
          "wgrad_tc_wgmma's V 1 copy loop (wgrad_wgmma.VARIANTS): only a forced tiling runs it"),
     Rule(r"convolution\.(f16|bf16)", r"::wgrad_tc<",

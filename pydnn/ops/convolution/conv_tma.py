@@ -57,20 +57,24 @@ class ConvTmaParams(ctypes.Structure):
                 ("tiles_k", ctypes.c_int), ("cblocks", ctypes.c_int), ("pad_tail", ctypes.c_int * 6)]
 
 
-def expr(tag, bn=128, bkn=False):
+BKN_UNITS = {0: "tma", 1: "tma_dgrad", 2: "tma_phase"}
+
+
+def expr(tag, bn=128, bkn=0):
     """fwd_tma<T, BN, STAGES> (B K-major: the forward's packed KRSC filter, or backward data's swapped copy), or
-    fwd_tma<T, BN, STAGES, true> (backward data's B read MN-major from the KRSC filter itself: plan_dgrad_tma)."""
-    return f"pydnn::conv::fwd_tma<{CTYPE[tag]}, {bn}, {STAGES[bn]}{', true' if bkn else ''}>"
+    fwd_tma<T, BN, STAGES, BKN> (backward data's B read MN-major from the filter itself, plan_dgrad_tma: BKN 1 a
+    call's packed KRSC filter through a 3-d map, 2 a strided call's phase's sub-filter view through a 4-d one)."""
+    return f"pydnn::conv::fwd_tma<{CTYPE[tag]}, {bn}, {STAGES[bn]}{f', {int(bkn)}' if bkn else ''}>"
 
 
-def unit(tag, bn=128, bkn=False):
-    return f"convolution.tma{'_dgrad' if bkn else ''}.{tag}.bn{bn}"
+def unit(tag, bn=128, bkn=0):
+    return f"convolution.{BKN_UNITS[int(bkn)]}.{tag}.bn{bn}"
 
 
 for _t in TAGS:
     for _bn in BNS:   # one unit a tile: compiled in parallel, loaded only where a plan runs it
-        add_kernels(unit(_t, _bn), "conv_tma.cu", (expr(_t, _bn),), archs=(ARCH + "a",))
-        add_kernels(unit(_t, _bn, True), "conv_tma.cu", (expr(_t, _bn, True),), archs=(ARCH + "a",))
+        for _k in BKN_UNITS:   # (the phases' BKN 2: first use only, pydnn/_build/rare.py)
+            add_kernels(unit(_t, _bn, _k), "conv_tma.cu", (expr(_t, _bn, _k),), archs=(ARCH + "a",))
 
 
 def _bn(handle, pb, tiles_px):
@@ -199,12 +203,11 @@ class _Map:
         return TM.encode_tiled(self.tag, address, self.dims, self.strides, self.box)
 
 
-def plan_tma(handle, pb, algo, fallback, pl=None, bkn_ws=None):
+def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
     """fwd_tma's plan of a forward problem tma_refusal takes (`fallback`: the plan a misaligned call runs).
-    Backward data (plan_dgrad_tma) passes its forward of dy as pb, its own plan object as pl, and bkn_ws: B read
-    from the original filter (K = pb.c, C = pb.k) through these (k, c, d, r, s) strides instead of a packed
-    (pb.k, taps, pb.c) one."""
-    bkn = bkn_ws is not None
+    Backward data (plan_dgrad_tma) passes its forward of dy as pb, its own plan object as pl, and bkn 1 / 2: B read
+    from the original filter (K = pb.c, C = pb.k), packed KRSC (1) or through its (k, c, d, r, s) strides bkn_ws
+    (2), instead of a packed (pb.k, taps, pb.c) one (0)."""
     pl = pl if pl is not None else TmaPlan(DIR_FWD, algo, pb)
     p = base_params(pb, DIR_FWD)
     p.gm, p.gn, p.gk = pb.n * pb.out3[1] * pb.out3[2], pb.k, pb.c * pb.filt3[1] * pb.filt3[2]
@@ -226,7 +229,9 @@ def plan_tma(handle, pb, algo, fallback, pl=None, bkn_ws=None):
     es = 2
     H, W, C = pb.in3[1], pb.in3[2], pb.c
     xs, R, S = pb.xs, pb.filt3[1], pb.filt3[2]
-    if bkn:   # w (K, R, S, C) itself: boxes of 64 of its C (this forward's output channels) x 1 tap x 64 of its K
+    if bkn == 1:   # w (K, taps, C) itself: boxes of 64 of its C (this forward's output channels) x 1 tap x 64 of its K
+        mw = _Map(pb.tag, (pb.k, R * S, C), (pb.k * es, R * S * pb.k * es), (64, 1, BK))
+    elif bkn == 2:   # a view (K, R, S, C) of w through its strides: the same boxes at (c, s, r, k)
         mw = _Map(pb.tag, (pb.k, S, R, C), (bkn_ws[4] * es, bkn_ws[3] * es, bkn_ws[0] * es), (64, 1, 1, BK))
     else:     # (K, taps, C) packed, C this forward's input channels: boxes of 64 of them x 1 tap x BN of K
         mw = _Map(pb.tag, (C, R * S, pb.k), (C * es, R * S * C * es), (BK, 1, bn))
@@ -267,6 +272,8 @@ def tma_top(handle, pl):
 
 
 register_top(tma_top)
+register_tma_planner(lambda handle, pb, algo, fallback: (plan_tma(handle, pb, algo, fallback)
+                                                         if tma_refusal(handle, pb) is None else None))
 
 
 # ----------------------------------------------------------------------------- backward data (stride 1)
@@ -301,33 +308,36 @@ class DgradTmaPlan(TmaPlan):
         self.run_kernel(handle, a_ptr, b_ptr, out_ptr, alpha, beta)
 
 
-def dgrad_refusal(handle, pb, swap):
+def dgrad_refusal(handle, pb, swap, phase=False):
     """Why fwd_tma does not take a stride-1 backward-data problem (text), or None: its forward of dy must be one
     fwd_tma takes (tma_refusal: sm_90, 16-bit, one group, 2-d, K % 8, dy NHWC-like with 16-byte strides), and
-    the direct read (swap False) needs w packed KRSC with C % 8 (the map's 16-byte row stride)."""
+    the direct read (swap False) C % 8 (the map's 16-byte row stride) and w packed KRSC (a call's own plan: the
+    3-d map) or C contiguous with 16-byte tap / K strides (phase: a strided call's sub-filter view, the 4-d map)."""
     from .tensor_core import _bwd_wgm_problem
     if pb.stride3 != (1, 1, 1):
         return "stride"
     why = tma_refusal(handle, _bwd_wgm_problem(pb))
     if why is not None:
         return why
-    if not swap:   # the 4-d map (C, S, R, K) of w through its strides: C contiguous, 16-byte strides
-        ws = pb.ws
-        if ws[1] != 1 or any(ws[i] % 8 for i in (0, 3, 4)):
-            return f"filter strides {tuple(ws)} (the direct read: C contiguous, 16-byte tap / K strides)"
+    if not swap:
+        ws, R, S = pb.ws, pb.filt3[1], pb.filt3[2]
         if pb.c % 8:
             return "C % 8 (the filter map's 16-byte row stride)"
+        if phase and (ws[1] != 1 or any(ws[i] % 8 for i in (0, 3, 4))):
+            return f"filter strides {tuple(ws)} (the direct read: C contiguous, 16-byte tap / K strides)"
+        if not phase and not (ws[1] == 1 and ws[4] == pb.c and ws[3] == S * pb.c and ws[0] == R * S * pb.c):
+            return "the filter is not packed KRSC (the direct read)"
     return None
 
 
-def plan_dgrad_tma(handle, pb, algo, fallback, swap):
+def plan_dgrad_tma(handle, pb, algo, fallback, swap, phase=False):
     """fwd_tma's plan of a backward-data problem dgrad_refusal takes: direct (swap False: the fallback is
-    tensor_core's one-launch fwd_wgmma plan) or after filter_kc_swap (swap True: the fallback is its
-    BwdWgmmaPlan, whose swap this plan launches)."""
+    tensor_core's one-launch fwd_wgmma plan; BKN 1, or 2 for a phase) or after filter_kc_swap (swap True: the
+    fallback is its BwdWgmmaPlan, whose swap this plan launches)."""
     from .tensor_core import _bwd_wgm_problem
     spb = _bwd_wgm_problem(pb)
     pl = DgradTmaPlan(DIR_BWD_DATA, algo, pb)
-    plan_tma(handle, spb, algo, fallback, pl=pl, bkn_ws=None if swap else tuple(pb.ws))
+    plan_tma(handle, spb, algo, fallback, pl=pl, bkn=0 if swap else 2 if phase else 1, bkn_ws=tuple(pb.ws))
     pl.problem, pl.sub_problem = pb, spb
     pl.unit = pl.unit_name   # (dgrad_phases' PhasePlan names its biggest phase's unit)
     pl.swap_plan = fallback if swap else None
@@ -335,11 +345,36 @@ def plan_dgrad_tma(handle, pb, algo, fallback, swap):
     return pl
 
 
-def tma_dgrad_top(handle, pl, mode=None):
+def slower_than_replaced(handle, tp, pl):
+    """Where DGRAD_TMA True leaves the replaced fwd_wgmma plan (a reason, or None): the mid-session sweep (H200,
+    session 32, tools/bench_dgrad_tma.py --sweep, 82 stride-1 points: fwd_tma / fwd_wgmma 1.121 geomean, 0.643 -
+    1.720) lost on two kinds of point, and no point it won has either mark:
+      * under one wave of items (items < SMs) with a short reduction (<= SHORT_K K tiles) where the replaced plan
+        is the 128 x 64 MINB 2 tile (2 blocks an SM, 2-4x fwd_tma's items): the ResNet-50 / ResNeXt 1x1 layers
+        at N 8 (N8 1x1 512->512 @28 0.785, 512->256 @28 0.816, 2048->512 @7 0.893), N32 1x1 512->1024 @14 0.927,
+        N128 1x1 512->2048 @7 0.946, N8 3x3 128->128 @28 0.953; 12 points, 0.785-0.997;
+      * dy's channels (the reduction's, K) below one 64-deep K tile: random N135 7x7 88->40 @26 0.643, N12 5x5
+        144->48 @35 0.779 (the only two such points).
+    The rest of the losers: one point (random N25 5x5 72->200 @111, 0.756) is left to fwd_tma (no mark found)."""
+    q = tp.q
+    ktiles = tp.sub_problem.filt3[1] * tp.sub_problem.filt3[2] * q.cblocks
+    if tp.items < max(handle.sm_count, 1) and ktiles <= SHORT_K and "fwd_wgmma<" in (pl.gemm_expr or ""):
+        from .tensor_core import _wgm_cfg
+        if _wgm_cfg(pl.gemm_expr)[0] == 64:
+            return f"{tp.items} items of {ktiles} K tiles, the replaced 128 x 64 tile"
+    if tp.sub_problem.c < BK:
+        return f"dy's {tp.sub_problem.c} channels: under one K tile"
+    return None
+
+
+SHORT_K = 32
+
+
+def tma_dgrad_top(handle, pl, mode=None, phase=False):
     """plans.register_top's hook: a call's own unsplit stride-1 backward-data plan on fwd_wgmma (tensor_core's
     direct plan, or its BwdWgmmaPlan) runs fwd_tma where tuning.conv.DGRAD_TMA is True (C >= MIN_K: the forward
-    rule on this forward's output channels; no forced tiling) or "always", and dgrad_refusal takes it.
-    mode: the switch's value (tma_dgrad_phase_top passes DGRAD_TMA_PHASES' for a strided call's phases)."""
+    rule on this forward's output channels; no forced tiling; not where slower_than_replaced says) or "always",
+    and dgrad_refusal takes it. mode, phase: tma_dgrad_phase_top's (DGRAD_TMA_PHASES, a strided call's phase)."""
     from .tensor_core import BwdWgmmaPlan
     mode = tuning.conv.DGRAD_TMA if mode is None else mode
     if not mode or pl.direction != DIR_BWD_DATA or pl.fold is not None:
@@ -353,16 +388,19 @@ def tma_dgrad_top(handle, pl, mode=None):
     pb = pl.problem
     if mode != "always" and (tuning.conv.TC_FORCE.get(DIR_BWD_DATA) is not None or pb.c < MIN_K):
         return pl
-    if dgrad_refusal(handle, pb, swap) is not None:
+    if dgrad_refusal(handle, pb, swap, phase) is not None:
         return pl
-    return plan_dgrad_tma(handle, pb, pl.algo, pl, swap)
+    tp = plan_dgrad_tma(handle, pb, pl.algo, pl, swap, phase)
+    if mode != "always" and slower_than_replaced(handle, tp, pl) is not None:
+        return pl
+    return tp
 
 
 def tma_dgrad_phase_top(handle, pl):
     """The same for dgrad_phases.py's phases of a strided call (each a stride-1 backward data of dy into a
-    strided view of dx, with a sub-filter view of w: the direct read's 4-d map takes its tap strides), under
-    tuning.conv.DGRAD_TMA_PHASES."""
-    return tma_dgrad_top(handle, pl, tuning.conv.DGRAD_TMA_PHASES or False)
+    strided view of dx, with a sub-filter view of w: BKN 2's 4-d map takes its tap strides), under
+    tuning.conv.DGRAD_TMA_PHASES (off: not measured on the GPU yet)."""
+    return tma_dgrad_top(handle, pl, tuning.conv.DGRAD_TMA_PHASES or False, phase=True)
 
 
 register_top(tma_dgrad_top, scope="own")

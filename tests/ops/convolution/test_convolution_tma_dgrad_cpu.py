@@ -71,7 +71,7 @@ def test_switch(h, monkeypatch):
     pl = _plan(h, 64, 64, 64, 56, 3, 1)
     assert isinstance(pl, T.DgradTmaPlan) and pl.direction == CPb.DIR_BWD_DATA and pl.workspace == 0
     assert type(pl.fallback) is CP.Plan and pl.fallback.gemm_expr.endswith(", 1>")   # fwd_wgmma's BKN plan
-    assert pl.swap_plan is None and pl.expr.endswith(", true>") and ".tma_dgrad." in pl.unit_name
+    assert pl.swap_plan is None and pl.expr.endswith(", 1>") and ".tma_dgrad." in pl.unit_name
     assert pl.problem.stride3 == (1, 1, 1) and pl.problem.c == 64 and pl.sub_problem.k == 64
     monkeypatch.setattr(T, "MIN_K", 128)                                   # C 64 < MIN_K: left on fwd_wgmma
     assert not isinstance(_plan(h, 64, 64, 64, 56, 3, 1), T.TmaPlan)
@@ -106,8 +106,8 @@ def test_forward_of_dy_and_maps(h, on, monkeypatch):
     mx, mw = pl.maps[0].map, pl.maps[1].map
     assert mx.dims == (136, Q, P, 6) and mx.strides == (136 * 2, Q * 136 * 2, P * Q * 136 * 2)
     assert mx.box == (64, q.tw, q.th, q.tn)
-    assert mw.dims == (72, 3, 3, 136) and mw.box == (64, 1, 1, 64)   # w itself: (C, S, R, K)
-    assert mw.strides == (72 * 2, 3 * 72 * 2, 9 * 72 * 2)
+    assert mw.dims == (72, 9, 136) and mw.box == (64, 1, 64)   # w itself: (C, taps, K)
+    assert mw.strides == (72 * 2, 9 * 72 * 2)
     assert (q.tiles_k, q.cblocks) == (cdiv(72, pl.bn), 3) and pl.bn == 128
     assert pl.items == q.tiles_w * q.tiles_h * q.tiles_n * q.tiles_k and pl.grid[0] == min(pl.items, 132)
 
@@ -118,7 +118,7 @@ def test_swap_route(h, on, monkeypatch):
     pl = _plan(h, 4, 64, 128, 9, 3, 1)
     assert isinstance(pl, T.DgradTmaPlan) and isinstance(pl.swap_plan, CT.BwdWgmmaPlan)
     assert pl.fallback is pl.swap_plan and pl.workspace == pl.swap_plan.workspace >= 9 * 64 * 128 * 2
-    assert not pl.expr.endswith(", true>") and ".tma_dgrad." not in pl.unit_name
+    assert pl.expr == T.expr("bf16", pl.bn) and pl.unit_name == T.unit("bf16", pl.bn)   # the forward's instantiation
     mw = pl.maps[1].map
     assert mw.dims == (128, 9, 64) and mw.strides == (128 * 2, 9 * 128 * 2) and mw.box == (64, 1, pl.bn)
     assert T.dgrad_refusal(h, pl.problem, True) is None
@@ -212,17 +212,18 @@ def test_launches(h, on, monkeypatch):
     assert fell and fell[0][0] is pl.fallback
 
 
+@pytest.mark.parametrize("bkn", [1, 2])
 @pytest.mark.parametrize("bn", T.BNS)
 @pytest.mark.parametrize("tag", T.TAGS)
-def test_bkn_unit_compiles_without_spills(tag, bn):
+def test_bkn_unit_compiles_without_spills(tag, bn, bkn):
     nvrtc = pytest.importorskip("pydnn._cuda.nvrtc")
     try:
         nvrtc.version()
     except Exception as e:  # noqa: BLE001 - no NVRTC here
         pytest.skip(f"no NVRTC: {e}")
     from pydnn._build import cache, manifest
-    u = [u for u in manifest.family_units() if u.name == T.unit(tag, bn, True)][0]
-    assert u.archs == ("sm_90a",) and u.exprs == (T.expr(tag, bn, True),)
+    u = [u for u in manifest.family_units() if u.name == T.unit(tag, bn, bkn)][0]
+    assert u.archs == ("sm_90a",) and u.exprs == (T.expr(tag, bn, bkn),)
     text, _ = cache.unit_inputs(u)
     cubin, lowered, log = nvrtc.compile_cubin(text, u.source, u.exprs, "sm_90a", ("-std=c++17", "--ptxas-options=-v"),
                                               [str(cache.ptx_dir())])
@@ -253,7 +254,8 @@ def test_phases_emulated(h, rng, monkeypatch, args, kw):
     r, pad, stride = kw.pop("r"), kw.pop("pad"), kw["stride"]
     pl = _plan(h, n, c, k, hw, r, pad, **kw)
     assert isinstance(pl, DP.PhasePlan) and pl.subs
-    assert all(isinstance(sp, T.DgradTmaPlan) and sp.swap_plan is None for sp, _, _, _ in pl.subs)
+    assert all(isinstance(sp, T.DgradTmaPlan) and sp.swap_plan is None and sp.expr.endswith(", 2>")
+               and ".tma_phase." in sp.unit_name for sp, _, _, _ in pl.subs)
     pb = pl.problem
     H, W, P, Q = pb.in3[1], pb.in3[2], pb.out3[1], pb.out3[2]
     dy = rng.integers(-3, 4, (n, k, P, Q)).astype(np.float64)
@@ -277,3 +279,19 @@ def test_phases_emulated(h, rng, monkeypatch, args, kw):
     want = ref.backward_data_raw(w, dy, (H, W), pb.pad3[1:], pb.stride3[1:], pb.dil3[1:], 1, not pb.flip)
     assert not np.isnan(got).any(), "a dx element never written"
     np.testing.assert_array_equal(got, want)
+
+
+def test_true_leaves_the_measured_losers(h, monkeypatch):
+    """DGRAD_TMA True keeps fwd_wgmma where the mid-session sweep measured fwd_tma slower (slower_than_replaced):
+    under a wave of items with <= SHORT_K K tiles over the replaced 128 x 64 tile, and dy's K under one K tile;
+    "always" takes them."""
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA", True)
+    for args in ((8, 512, 256, 28, 1, 0), (8, 128, 128, 28, 3, 1), (135, 88, 40, 26, 7, 3)):
+        pl = _plan(h, *args)
+        assert type(pl) is CP.Plan and "fwd_wgmma<" in pl.gemm_expr, args
+        monkeypatch.setattr(tuning.conv, "DGRAD_TMA", "always")
+        tp = _plan(h, *args)
+        assert isinstance(tp, T.DgradTmaPlan) and T.slower_than_replaced(h, tp, pl) is not None, args
+        monkeypatch.setattr(tuning.conv, "DGRAD_TMA", True)
+    for args in ((8, 256, 512, 28, 1, 0), (32, 512, 512, 7, 3, 1), (8, 256, 256, 14, 3, 1), (64, 64, 64, 56, 3, 1)):
+        assert isinstance(_plan(h, *args), T.DgradTmaPlan), args   # measured faster (1.015-1.261x)

@@ -55,7 +55,7 @@ def _encodes(pl, dy_ptr, w_ptr):
 def _planned(handle, pb, swap, bn=None):
     pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
     assert isinstance(pl, CTMA.DgradTmaPlan), f"{type(pl).__name__} {getattr(pl, 'gemm_expr', '')}"
-    assert (pl.swap_plan is not None) == swap and pl.expr.endswith(", true>") != swap
+    assert (pl.swap_plan is not None) == swap and pl.expr.endswith(", 1>") != swap
     assert (pl.workspace > 0) == swap
     if bn is not None:
         assert pl.bn == bn
