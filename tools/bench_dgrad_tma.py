@@ -64,7 +64,8 @@ def _descs(n, c, k, hh, r, pad, stride=1):
 def on_tma(pl):
     """Whether a plan runs fwd_tma for backward data: a DgradTmaPlan, or a phase plan with one among its phases."""
     from pydnn.ops.convolution import conv_tma as CTMA
-    return isinstance(pl, CTMA.DgradTmaPlan) or any(isinstance(s[0], CTMA.DgradTmaPlan) for s in getattr(pl, "subs", ()))
+    subs = getattr(pl, "subs", ())
+    return isinstance(pl, CTMA.DgradTmaPlan) or any(isinstance(s[0], CTMA.DgradTmaPlan) for s in subs)
 
 
 def sweep_rows(h, phases=False):
@@ -149,8 +150,9 @@ def main(argv=None):
         dy = torch.randn(n, k, p, p, device=dev, dtype=bf).contiguous(memory_format=cl)
         dx = torch.empty_like(x)
         conv, xd, wd, yd = _descs(n, c, k, hw, r, pad, stride)
-        cudnn = lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad, pad], [1, 1],  # noqa: E731
-                                                            False, [0, 0], 1, [True, False, False])[0]
+        def cudnn():
+            return torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad, pad], [1, 1], False,
+                                                       [0, 0], 1, [True, False, False])[0]
         ref = cudnn().float()
 
         def plan_with(mode, swap, force):
@@ -198,8 +200,8 @@ def main(argv=None):
                 continue
             tp = [s[0] for s in pl.subs if isinstance(s[0], CTMA.DgradTmaPlan)] if args.phases else [pl]
             if route == "tma":
-                row["box"] = [(t.q.tw, t.q.th, t.q.tn, t.bn) for t in tp] if args.phases else (pl.q.tw, pl.q.th, pl.q.tn,
-                                                                                              pl.bn)
+                boxes = [(t.q.tw, t.q.th, t.q.tn, t.bn) for t in tp]
+                row["box"] = boxes if args.phases else boxes[0]
             run(route, pl)
             row[f"{route}_encoded"] = all(len(t.maps[1].known) > 0 for t in tp)   # else the fallback ran
             if not row[f"{route}_encoded"]:

@@ -267,7 +267,8 @@ def test_phases_emulated(h, rng, monkeypatch, args, kw):
         C_, S_, R_, K_ = mw.dims
         st = [b // 2 for b in mw.strides]        # (s, r, k) strides in elements
         assert (C_, K_) == (c, k) and mw.box == (64, 1, 1, 64)
-        wsub = np.lib.stride_tricks.as_strided(wflat[w_off:], (K_, R_, S_, C_), [v * 8 for v in (st[2], st[1], st[0], 1)])
+        wsub = np.lib.stride_tricks.as_strided(wflat[w_off:], (K_, R_, S_, C_),
+                                               [v * 8 for v in (st[2], st[1], st[0], 1)])
         got = _emulate(sp.sub_problem, sp.q, dy.transpose(0, 2, 3, 1), wsub, sp.bn, True)
         xs = spb.xs   # the phase's dx strides (n, c, d, h, w)
         view = np.lib.stride_tricks.as_strided(dx[dx_off:], got.shape, [v * 8 for v in (xs[0], xs[3], xs[4], xs[1])])

@@ -25,7 +25,7 @@ CASES = [  # xdims (dx), k (dy's channels), filt, pad, stride, dil, groups, layo
     ((3, 24, 9, 7), 136, (3, 3), (0, 2), (1, 1), (1, 2), 1, "nhwc", NHWC),      # K 136: a dy channel tail, dilation
     ((2, 136, 7, 9), 72, (3, 3), (2, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),      # C 136: 3 B boxes, a tail
     ((2, 64, 11, 11), 64, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),     # the ResNet shape, small
-    ((2, 16, 6, 7), 16, (3, 2), (2, 1), (1, 1), (1, 1), 1, "pad8", NHWC),       # padded dx strides, pad 2 = R - 1 (pad' 0)
+    ((2, 16, 6, 7), 16, (3, 2), (2, 1), (1, 1), (1, 1), 1, "pad8", NHWC),       # padded dx strides, pad' 0
     ((2, 64, 9, 11), 256, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),     # 1x1, 4 K tiles
     ((3, 128, 7, 9), 64, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),      # 128 <- 64: 2 B boxes a K tile
     ((1, 192, 5, 7), 128, (3, 3), (1, 1), (1, 1), (1, 1), 1, "nhwc", NHWC),     # C 192: a half-empty 128-wide tile
