@@ -9,8 +9,9 @@ in one run.
 Rows: ROWS (the backward data of bench_conv_tma.py's forward layers), or with --sweep every backward-data point of
 tools/sweep_conv.py's grid that DGRAD_TMA True takes on this device (stride 1, one group; the plan is planned
 here and the point kept only where it is a DgradTmaPlan), in the grid's order until --budget-s is spent.
-Per row: `model` (DGRAD_TMA off: today's plan), `tma` (DGRAD_TMA True, or "always" over fwd_wgmma's 128x128
-tile forced where the model's plan is not an unsplit fwd_wgmma one: such a row says `forced`), with --swap
+Per row: `model` (DGRAD_TMA off: the plan fwd_tma replaces), `tma` (DGRAD_TMA "always", over fwd_wgmma's 128x128
+tile forced where the model's plan is not an unsplit fwd_wgmma one: such a row says `forced`; a row where the default
+True keeps fwd_wgmma (conv_tma.slower_than_replaced) says default "fwd_wgmma"), with --swap
 `swap` (WGM_BWD_SWAP: filter_kc_swap into the workspace, then fwd_tma K-major); each route's dx checked against
 PyTorch first (dx poisoned with NaN, max error / max |ref| <= 2e-2), then device ms per call from CUDA graphs
 of back-to-back calls (sweep_common.graph_ms), and cuDNN's dgrad (aten.convolution_backward, cudnn.benchmark)
@@ -194,7 +195,9 @@ def main(argv=None):
                                           and base.fold is None)
         routes = [("tma", False)] + ([("swap", True)] if args.swap else [])
         for route, swap in routes:
-            pl = plan_with(True if not forced and not swap else "always", swap, forced)
+            pl = plan_with("always", swap, forced)
+            if route == "tma" and not forced and not args.phases and not on_tma(plan_with(True, False, False)):
+                row["default"] = "fwd_wgmma"   # DGRAD_TMA True keeps the replaced plan here (slower_than_replaced)
             if not on_tma(pl):
                 row["note"] = row.get("note", "") + f" {route} not taken ({CTMA.dgrad_refusal(h, pl.problem, swap)})"
                 continue
@@ -220,10 +223,10 @@ def main(argv=None):
         jf.flush()
         g = lambda key, sp=".4f": format(row[key], sp) if row.get(key) is not None else "-"  # noqa: E731
         sw = f" swap {g('swap_ms')} ({g('swap_ratio', '.3f')}x)" if args.swap else ""
+        marks = ("forced " if forced else "") + ("(default: fwd_wgmma) " if row.get("default") else "")
         print(f"{row['case']:44s} model {g('model_ms')} ({g('model_ratio', '.3f')}x) tma {g('tma_ms')} "
               f"({g('tma_ratio', '.3f')}x){sw} cuDNN {g('cudnn_ms')} tma/model speed {g('tma_over_model', '.3f')} "
-              f"box {row.get('box')} {'forced ' if forced else ''}{row.get('note', '')} [{row.get('model_kernel')}]",
-              flush=True)
+              f"box {row.get('box')} {marks}{row.get('note', '')} [{row.get('model_kernel')}]", flush=True)
         x = w = dy = dx = ref = None  # noqa: F841 - freed before the next row
         torch.cuda.empty_cache()
     jf.close()
