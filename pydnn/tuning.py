@@ -368,6 +368,12 @@ norm = Switches(
                      'reasons: pydnn/ops/normalization.py'),
     BWD_SPLIT_16=(True, 'BWD_SPLIT for 16-bit rows as well (RMS bf16 1478 x 32768: 0.551x -> 1.116x PyTorch, H200; '
                         'False: float only); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT=(True, 'layer / RMS rows of any length whose backward takes a cluster per row (bwd_rowx_cl) or no vector '
+                  'kernel, at least as many as the SMs: bwd_xsplit_dx (a block per row, two passes, the aligned '
+                  'frame) + bwd_xsplit_params (dscale / dbias per alignment class and row chunk) + finish_rowx (LN '
+                  'fp16 2402 x 34823: bwd_rowx_cl 0.63-0.69x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_ANY=(False, 'XSPLIT for every rowx row backward with rows >= SMs, bwd_rowx (one block a row) too (LN bf16 '
+                       '417 x 2770: bwd_rowx 0.58-0.67x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
     ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
                          '8-block cluster kernel: bwd_rowx when one block holds the row and the rows are at least '
                          'the SMs (RMS fp32 5315 x 8192 0.73x -> 1.31x PyTorch, H200; rows the whole-vector kernels '

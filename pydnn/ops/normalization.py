@@ -410,7 +410,7 @@ def _rowx_unit_exprs(tag):
     return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS + (ROWS_FIT_ITEMS,)] +
                  [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
                  [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS, cl) for cl in (1,) + ROWX_BWD_CL] +
-                 [_finish_rowx_expr(FINISH_SHAPES[-1])] + [_split_expr(k, tag, v) for k in SPLIT_KERNELS])
+                 [_finish_rowx_expr(FINISH_SHAPES[-1])] + [_split_expr(k, tag, v) for k in SPLIT_KERNELS + XSPLIT_KERNELS])
 
 
 def kernel_units():
@@ -1468,6 +1468,60 @@ def _split_alt(handle, nd, tag, geo, vec):
     return [dx, par, fin], chunks * 2 * nparams * 4
 
 
+# Layer / RMS rows of any length (the rowx frame) whose backward takes a cluster per row (bwd_rowx_cl) or no
+# vector kernel at all (rows beyond 64K elements; before sm_90 any row beyond one block), at least as many as
+# the SMs (XSPLIT): the split backward in the aligned frame (ptx/normalization_rowx.cu: bwd_xsplit_dx, a block
+# per row reading x and dy twice; bwd_xsplit_params, dscale / dbias per (alignment class, row chunk); then
+# finish_rowx), as BWD_SPLIT does for whole-vector rows. Why: LN fp16 2402 x 34823 took bwd_rowx_cl (clusters
+# of 8 x 256 threads walking rows one at a time): 819 us + finish 11.9 against PyTorch's 404 + 129 us, 0.63-0.69x
+# (H200, session 31 mid-session run 1 and the final sweep). Predicted: ~0.25 ms (dx: 3 n bytes from DRAM, the
+# second read from L2; params: 2 n; ~85% of copy). XSPLIT_ANY: every rowx row backward with rows >= SMs (LN
+# bf16 417 x 2770: bwd_rowx 29.0 us + finish 3.7 against PyTorch's 5.6 + 4.1; off until measured).
+# XSPLIT: a switch, pydnn.tuning.norm.XSPLIT (default True)
+# XSPLIT_ANY: a switch, pydnn.tuning.norm.XSPLIT_ANY (default False)
+XSPLIT_KERNELS = ("bwd_xsplit_dx", "bwd_xsplit_params")
+
+
+def _xsplit_use(handle, nd, tag, geo, vec, r):
+    """Whether the rowx rows' backward should take the xsplit kernels instead of `r` (_rowx_bwd_only's answer)."""
+    if not tuning.norm.XSPLIT or vec <= 1 or not _rowx_layout(nd, geo, vec) or geo[2] < handle.sm_count:
+        return False
+    if geo[2] > MAX_GRID or geo[3] >= 2**31 - 64:
+        return False
+    return r is None or tuning.norm.XSPLIT_ANY or " cl=" in r[0][0].desc
+
+
+def _xsplit_alt(handle, nd, tag, geo, vec):
+    """([bwd_xsplit_dx, bwd_xsplit_params, finish_rowx], workspace bytes) for layer / RMS rows of any length."""
+    sets, els, n_sets, length, nparams = geo
+    sx = sets[0][1][0]
+    period = vec // math.gcd(sx % vec, vec)  # alignment classes (bwd_rowx's p.pf)
+    nsv = cdiv(length + vec - 1, vec)  # the most aligned vectors a row's frame takes
+    g = max(128, min(1024, next_pow2(cdiv(nsv, SPLIT_DX_VECS))))
+    pdx = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    dx = _new_launch(_split_expr("bwd_xsplit_dx", tag, vec), pdx, (n_sets, 1, 1), (g, 1, 1),
+                     desc=f"bwd_xsplit_dx vec={vec} block={g} grid={n_sets}")
+    bx = min(32, next_pow2(nsv))
+    by = SPLIT_PARAMS_THREADS // bx
+    tiles = cdiv(nsv, bx)
+    want = max(1, handle.sm_count * SPLIT_BLOCKS_PER_SM // tiles)  # blocks over the rows, all classes
+    rpc = cdiv(n_sets, period)  # rows of the largest class
+    chunks = max(1, min(cdiv(want, period), cdiv(rpc, by * 4), 65535 // period))
+    chunk = cdiv(rpc, chunks)
+    chunks = cdiv(rpc, chunk)
+    pp = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    pp.group, pp.pf = chunk, period
+    par = _new_launch(_split_expr("bwd_xsplit_params", tag, vec), pp, (tiles, chunks * period, 1), (bx, by, 1),
+                      desc=f"bwd_xsplit_params vec={vec} block={bx}x{by} grid={tiles}x{chunks * period} "
+                           f"period={period} rows={chunk}")
+    fin = _finish_launch(nd, geo, chunks * period)
+    fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])
+    fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
+    fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
+    dx.unit = par.unit = fin.unit = f"normalization.rowx.{tag}"
+    return [dx, par, fin], chunks * period * 2 * nparams * 4
+
+
 def _rowx_bwd_long(handle, nd, tag, geo, vec, r):
     """Whether the whole-vector rows' backward should take bwd_rowx instead of `r` (_bwd_alt's answer)."""
     if not tuning.norm.ROWX or not _rowx_layout(nd, geo, vec):
@@ -1500,6 +1554,8 @@ def _configs(handle, nd, tag, geo, backward):
                 r = _rowx_bwd_only(handle, nd, tag, geo, v) or r
             if v > 1 and not rowx and _split_use(handle, nd, tag, geo, v, r):
                 r = _split_alt(handle, nd, tag, geo, v)
+            if v > 1 and rowx and _xsplit_use(handle, nd, tag, geo, v, r):
+                r = _xsplit_alt(handle, nd, tag, geo, v)
             a, w = r if r is not None else (None, 0)
         elif rowx and v > 1:
             a, w = (_rowx_alt(handle, nd, tag, geo, v) if tuning.norm.ROWX else None), 0

@@ -1,0 +1,75 @@
+"""The split layer / RMS backward in the rowx frame (tuning.norm.XSPLIT: bwd_xsplit_dx, a block per row reading x
+and dy twice; bwd_xsplit_params, dscale / dbias per alignment class and row chunk; finish_rowx) on the GPU against
+the float64 reference, outputs poisoned (dx, dscale, dbias; the workspace filled with NaN bytes): rows of any
+length that the one-pass kernels serve with a cluster per row or not at all, at least as many as the SMs (odd
+lengths: every row offset from a 16-byte boundary; padded rows with strides off the vector, whose padding must
+stay poisoned; rows beyond 64K elements); XSPLIT_ANY's shorter rows; blending of dx and of dscale / dbias, no
+bias; the switch off keeps the previous kernels."""
+import pytest
+
+import pydnn
+from pydnn import tuning
+from pydnn.ops import normalization as N
+from test_normalization_gpu import _backward_check, _nd, _tensor
+
+pytestmark = pytest.mark.gpu
+
+F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
+LAYER, RMS = pydnn.PYDNN_NORM_KIND_LAYER, pydnn.PYDNN_NORM_KIND_RMS
+DTYPES = [F32, F16, BF16]
+
+
+def _cases(sm):
+    return [  # kind, dims, layout
+        (LAYER, (sm + 5, 34823), "nchw"),        # the sweep's shape class (a cluster per row before)
+        (RMS, (sm + 1, 20001), "nchw"),
+        (LAYER, (sm + 2, 17001), (17003, 1)),    # padded rows, stride 3 mod 4 / 8: every class
+        (RMS, (sm + 3, 70001), "nchw"),          # beyond 64K elements: gen before
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _on(monkeypatch):
+    monkeypatch.setattr(tuning.norm, "XSPLIT", True)
+    monkeypatch.setattr(tuning.norm, "XSPLIT_ANY", False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(4))
+def test_xsplit_backward(handle, rng, case, dtype):
+    kind, dims, layout = _cases(handle.sm_count)[case]
+    x = _tensor(dims, layout, dtype)
+    alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+    assert [a.split()[0] for a in alts[0]] == ["bwd_xsplit_dx", "bwd_xsplit_params", "finish"], alts
+    _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype)
+    _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
+                    dbias=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_xsplit_any(handle, rng, monkeypatch, dtype):
+    """XSPLIT_ANY: the rows bwd_rowx holds in one block (LN bf16 417 x 2770, the sweep's point), short and
+    padded rows, a 1-SM plan (many rows per chunk and class)."""
+    monkeypatch.setattr(tuning.norm, "XSPLIT_ANY", True)
+    for kind, dims, layout in ((LAYER, (max(417, handle.sm_count), 2770), "nchw"),
+                               (RMS, (max(300, handle.sm_count), 37), "nchw"),
+                               (LAYER, (handle.sm_count + 7, 1001), (1003, 1))):
+        x = _tensor(dims, layout, dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert alts[0][0].startswith("bwd_xsplit_dx"), alts
+        _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype)
+        _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype, alphas=(1.0, 0.5, 1.0, -1.0))
+    monkeypatch.setattr(handle, "sm_count", 1)
+    for kind, dims in ((LAYER, (300, 37)), (RMS, (70, 1001))):
+        x = _tensor(dims, "nchw", dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert alts[0][0].startswith("bwd_xsplit_dx"), alts
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(0.5, -1.5, 2.0, 0.25))
+
+
+def test_xsplit_off(handle, rng, monkeypatch):
+    monkeypatch.setattr(tuning.norm, "XSPLIT", False)
+    kind, dims, layout = _cases(handle.sm_count)[0]
+    x = _tensor(dims, layout, F16)
+    alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+    assert not alts[0][0].startswith("bwd_xsplit"), alts
