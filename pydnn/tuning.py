@@ -374,6 +374,8 @@ norm = Switches(
                   'fp16 2402 x 34823: bwd_rowx_cl 0.63-0.69x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
     XSPLIT_ANY=(False, 'XSPLIT for every rowx row backward with rows >= SMs, bwd_rowx (one block a row) too (LN bf16 '
                        '417 x 2770: bwd_rowx 0.58-0.67x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_DX_BLOCK=(512, "bwd_xsplit_dx's largest block (1024: alone on its SM at 64 registers); the reasons: "
+                          'pydnn/ops/normalization.py'),
     ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
                          '8-block cluster kernel: bwd_rowx when one block holds the row and the rows are at least '
                          'the SMs (RMS fp32 5315 x 8192 0.73x -> 1.31x PyTorch, H200; rows the whole-vector kernels '

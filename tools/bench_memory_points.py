@@ -142,7 +142,7 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     # session 32: the split backward in the rowx frame (XSPLIT: rows bwd_rowx serves only with a cluster;
     # XSPLIT_ANY: bwd_rowx's one-block rows too) against the previous kernels
     "ln_bwd_2402x34823_fp16": (dict(family="ln_bwd", dtype="fp16", rows=2402, hidden=34823),
-                               [{"norm.XSPLIT": False}]),
+                               [{"norm.XSPLIT": False}, {"norm.XSPLIT_DX_BLOCK": 1024}]),
     "rms_bwd_17244x4231_fp16": (dict(family="rms_bwd", dtype="fp16", rows=17244, hidden=4231),
                                 [{"norm.XSPLIT_ANY": True}, {"norm.ROWX_BWD_WS16": True}]),
     "rms_bwd_665x2277_bf16": (dict(family="rms_bwd", dtype="bf16", rows=665, hidden=2277),

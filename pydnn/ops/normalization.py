@@ -1479,6 +1479,11 @@ def _split_alt(handle, nd, tag, geo, vec):
 # bf16 417 x 2770: bwd_rowx 29.0 us + finish 3.7 against PyTorch's 5.6 + 4.1; off until measured).
 # XSPLIT: a switch, pydnn.tuning.norm.XSPLIT (default True)
 # XSPLIT_ANY: a switch, pydnn.tuning.norm.XSPLIT_ANY (default False)
+# XSPLIT_DX_BLOCK: bwd_xsplit_dx's largest block (SPLIT_DX_VECS vectors a thread below it). Why 512: the kernel
+# takes 63-64 registers (__launch_bounds__(1024)), so a 1024-thread block is alone on its SM and the SM's loads
+# stop through each row's block reduction and tail; 512 keeps two rows' phases on an SM (the whole-vector split's
+# 1.12x RMS bf16 1478 x 32768 ran 512-thread blocks). LN fp16 2402 x 34823 (4353 vectors a row) would take 1024.
+# XSPLIT_DX_BLOCK: a switch, pydnn.tuning.norm.XSPLIT_DX_BLOCK (default 512)
 XSPLIT_KERNELS = ("bwd_xsplit_dx", "bwd_xsplit_params")
 
 
@@ -1497,7 +1502,7 @@ def _xsplit_alt(handle, nd, tag, geo, vec):
     sx = sets[0][1][0]
     period = vec // math.gcd(sx % vec, vec)  # alignment classes (bwd_rowx's p.pf)
     nsv = cdiv(length + vec - 1, vec)  # the most aligned vectors a row's frame takes
-    g = max(128, min(1024, next_pow2(cdiv(nsv, SPLIT_DX_VECS))))
+    g = max(128, min(tuning.norm.XSPLIT_DX_BLOCK, next_pow2(cdiv(nsv, SPLIT_DX_VECS))))
     pdx = _base_params(nd, sets, els, n_sets, length, nparams, True)
     dx = _new_launch(_split_expr("bwd_xsplit_dx", tag, vec), pdx, (n_sets, 1, 1), (g, 1, 1),
                      desc=f"bwd_xsplit_dx vec={vec} block={g} grid={n_sets}")

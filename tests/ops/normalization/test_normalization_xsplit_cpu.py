@@ -112,7 +112,8 @@ def test_xsplit_plan_covers(rows, length, dtype, kind, stride, rng):
     P = vec // math.gcd(st % vec, vec)
     nsv = -(-(length + vec - 1) // vec)
     g = dx.block[0]
-    assert dx.grid == (rows, 1, 1) and 128 <= g <= 1024 and g & (g - 1) == 0
+    assert dx.grid == (rows, 1, 1) and 128 <= g <= tuning.norm.XSPLIT_DX_BLOCK and g & (g - 1) == 0
+    assert g == tuning.norm.XSPLIT_DX_BLOCK or g * N.SPLIT_DX_VECS >= nsv
     bx, by, _ = par.block
     tiles, ys, _ = par.grid
     assert bx * by == N.SPLIT_PARAMS_THREADS and tiles * bx >= nsv > (tiles - 1) * bx

@@ -67,6 +67,19 @@ def test_xsplit_any(handle, rng, monkeypatch, dtype):
         _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(0.5, -1.5, 2.0, 0.25))
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_xsplit_dx_block(handle, rng, monkeypatch, dtype):
+    """XSPLIT_DX_BLOCK 1024 / 128: bwd_xsplit_dx's blocks of 1024 threads (a row's vectors fewer than 2 a thread)
+    and of 128 (many a thread: the U-vector loop's tail)."""
+    for blk in (1024, 128):
+        monkeypatch.setattr(tuning.norm, "XSPLIT_DX_BLOCK", blk)
+        kind, dims, layout = _cases(handle.sm_count)[0]
+        x = _tensor(dims, layout, dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert alts[0][0].startswith("bwd_xsplit_dx") and f"block={blk} " in alts[0][0], alts
+        _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype, alphas=(1.0, 0.5, 1.0, -1.0))
+
+
 def test_xsplit_off(handle, rng, monkeypatch):
     monkeypatch.setattr(tuning.norm, "XSPLIT", False)
     kind, dims, layout = _cases(handle.sm_count)[0]
