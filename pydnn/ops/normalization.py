@@ -1465,7 +1465,9 @@ def _split_alt(handle, nd, tag, geo, vec):
     fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
     fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
     dx.unit = par.unit = fin.unit = f"normalization.rowx.{tag}"
-    return [dx, par, fin], chunks * 2 * nparams * 4
+    # bwd_split_params before bwd_split_dx: both read x and dy, and dx may be dy or x (in place), which
+    # bwd_split_dx overwrites (session 32; params after dx summed the overwritten dy)
+    return [par, dx, fin], chunks * 2 * nparams * 4
 
 
 # Layer / RMS rows of any length (the rowx frame) whose backward takes a cluster per row (bwd_rowx_cl) or no
@@ -1524,7 +1526,7 @@ def _xsplit_alt(handle, nd, tag, geo, vec):
     fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
     fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
     dx.unit = par.unit = fin.unit = f"normalization.rowx.{tag}"
-    return [dx, par, fin], chunks * period * 2 * nparams * 4
+    return [par, dx, fin], chunks * period * 2 * nparams * 4  # (params first: dx may be dy or x, see _split_alt)
 
 
 def _rowx_bwd_long(handle, nd, tag, geo, vec, r):

@@ -105,7 +105,7 @@ def test_xsplit_plan_covers(rows, length, dtype, kind, stride, rng):
     h = cpu_handle()
     st = stride or length
     pl = _plan(h, rows, length, dtype, kind, stride)
-    dx, par, fin = pl.alternatives[0]
+    par, dx, fin = pl.alternatives[0]  # (params first: dx may be dy or x, in place)
     vec = VEC[dtype]
     assert f"bwd_xsplit_dx<{N.CTYPE[N.TAG[dtype]]}, {vec}>" in dx.expr and "bwd_xsplit_params" in par.expr
     assert "finish_rowx" in fin.expr and dx.unit == par.unit == fin.unit == f"normalization.rowx.{N.TAG[dtype]}"
@@ -130,8 +130,8 @@ def _emulate_plan(h, dtype, kind, rng, rows, length, stride):
     import unittest.mock as um
     with um.patch.object(tuning.norm, "XSPLIT_ANY", True):
         pl = _plan(h, rows, length, dtype, kind, stride if stride != length else None)
-    dx, par, fin = pl.alternatives[0]
-    assert "bwd_xsplit_dx" in dx.expr, dx.desc
+    par, dx, fin = pl.alternatives[0]  # (params first: dx may be dy or x, in place)
+    assert "bwd_xsplit_dx" in dx.expr and "bwd_xsplit_params" in par.expr, dx.desc
     _emulate(rows, length, stride, VEC[dtype], kind, dx, par, rng)
 
 
@@ -147,13 +147,13 @@ def test_xsplit_emulated(rows, length, stride, dtype, kind, rng, monkeypatch):
 def test_xsplit_taken_where(monkeypatch):
     h = cpu_handle()
     first = lambda *a, **k: _plan(h, *a, **k).alternatives[0][0].desc  # noqa: E731
-    assert first(2402, 34823, F16).startswith("bwd_xsplit_dx")          # a cluster per row before
-    assert first(200, 70001, F32, RMS).startswith("bwd_xsplit_dx")      # no vector kernel before
+    assert first(2402, 34823, F16).startswith("bwd_xsplit_params")          # a cluster per row before
+    assert first(200, 70001, F32, RMS).startswith("bwd_xsplit_params")      # no vector kernel before
     assert first(100, 34823, F16).startswith("bwd_rowx ")               # fewer rows than SMs: the cluster kernel
     assert first(417, 2770, BF16).startswith("bwd_rowx ")               # one block a row: bwd_rowx
-    assert first(3673, 8552).startswith("bwd_split_dx")                 # whole vectors: BWD_SPLIT's kernels
+    assert first(3673, 8552).startswith("bwd_split_params")               # whole vectors: BWD_SPLIT's kernels
     monkeypatch.setattr(tuning.norm, "XSPLIT_ANY", True)
-    assert first(417, 2770, BF16).startswith("bwd_xsplit_dx")
+    assert first(417, 2770, BF16).startswith("bwd_xsplit_params")
     assert first(100, 2770, BF16).startswith("bwd_rowx ")
     monkeypatch.setattr(tuning.norm, "XSPLIT", False)
     assert first(417, 2770, BF16).startswith("bwd_rowx ")
