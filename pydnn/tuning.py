@@ -130,10 +130,25 @@ def describe():
     return "\n\n".join(fam.describe() for fam in FAMILIES.values())
 
 
+def _items(text):
+    """`text` split at ';' and at ',' outside brackets (a tuple or set literal keeps its commas)."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == ";" or (ch == "," and depth <= 0):
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
 def apply_environment(text=None):
-    """Apply PYDNN_TUNING (or `text`): `family.SWITCH=literal` settings separated by ';' or ','."""
+    """Apply PYDNN_TUNING (or `text`): `family.SWITCH=literal` settings separated by ';' or ',' (commas inside
+    brackets belong to the literal: `activation.PLAIN_ACCESS=(1, 2)`)."""
     text = os.environ.get("PYDNN_TUNING", "") if text is None else text
-    for item in text.replace(",", ";").split(";"):
+    for item in _items(text):
         if not item.strip():
             continue
         name, eq, value = item.partition("=")
