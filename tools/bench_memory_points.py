@@ -157,6 +157,14 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                            [{"norm.ROWX_BWD_WS16": True}]),
     "ln_bwd_21x1439_fp32": (dict(family="ln_bwd", dtype="fp32", rows=21, hidden=1439),
                             [{"norm.ROWX_BWD_WS16": True}]),
+    # session 32: OpTensor ADD beyond L2 with the plain cache policy (PLAIN_BYTES 1 TiB: every dense add) against
+    # evict-first streaming (the default there): the sweep's adds at 0.90-0.95x near copy bandwidth
+    "addplain_5070x32768_fp32": (dict(family="op_add", dtype="fp32", rows=5070, hidden=32768),
+                                 {"tensor_ops.PLAIN_BYTES": 1 << 40}),
+    "addplain_107126x2493_bf16": (dict(family="op_add", dtype="bf16", rows=107126, hidden=2493),
+                                  {"tensor_ops.PLAIN_BYTES": 1 << 40}),
+    "addplain_7167x8272_fp16": (dict(family="op_add", dtype="fp16", rows=7167, hidden=8272),
+                                {"tensor_ops.PLAIN_BYTES": 1 << 40}),
     # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and
     # the register-tile cluster kernel
     "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552),
