@@ -165,6 +165,17 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                                   {"tensor_ops.PLAIN_BYTES": 1 << 40}),
     "addplain_7167x8272_fp16": (dict(family="op_add", dtype="fp16", rows=7167, hidden=8272),
                                 {"tensor_ops.PLAIN_BYTES": 1 << 40}),
+    # session 32: activations beyond L2 (default settings only: map_contig's cache policy is a unit's instantiation,
+    # so the plain-policy side runs in a process of its own, PYDNN_TUNING="activation.PLAIN_ACCESS=(0, 1, 2)")
+    "act_tanh_12701x65536_bf16": (dict(family="act_fwd", dtype="bf16", variant="tanh", rows=12701, hidden=65536),
+                                  None),
+    "act_relu_7549x25760_fp32": (dict(family="act_fwd", dtype="fp32", variant="relu", rows=7549, hidden=25760), None),
+    "actb_relu_297888x256_fp32": (dict(family="act_bwd", dtype="fp32", variant="relu", rows=297888, hidden=256),
+                                  None),
+    "actb_relu_14073x32768_fp32": (dict(family="act_bwd", dtype="fp32", variant="relu", rows=14073, hidden=32768),
+                                   None),
+    "actb_sigmoid_1048576x761_bf16": (dict(family="act_bwd", dtype="bf16", variant="sigmoid", rows=1048576,
+                                           hidden=761), None),
     # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and
     # the register-tile cluster kernel
     "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552),
