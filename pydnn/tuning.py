@@ -389,6 +389,9 @@ norm = Switches(
                   'fp16 2402 x 34823: bwd_rowx_cl 0.63-0.69x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
     XSPLIT_ANY=(False, 'XSPLIT for every rowx row backward with rows >= SMs, bwd_rowx (one block a row) too (LN bf16 '
                        '417 x 2770: bwd_rowx 0.58-0.67x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_SLOTS=(False, "XSPLIT for bwd_rowx's one-block rows where its dscale / dbias slots (written and read back) "
+                         'outweigh the split\'s second read of x and dy (LN bf16 417 x 2770: 18.6 MB against 4.6); '
+                         'the reasons: pydnn/ops/normalization.py'),
     XSPLIT_DX_BLOCK=(512, "bwd_xsplit_dx's largest block (1024: alone on its SM at 64 registers); the reasons: "
                           'pydnn/ops/normalization.py'),
     ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '

@@ -1481,6 +1481,11 @@ def _split_alt(handle, nd, tag, geo, vec):
 # bf16 417 x 2770: bwd_rowx 29.0 us + finish 3.7 against PyTorch's 5.6 + 4.1; off until measured).
 # XSPLIT: a switch, pydnn.tuning.norm.XSPLIT (default True)
 # XSPLIT_ANY: a switch, pydnn.tuning.norm.XSPLIT_ANY (default False)
+# XSPLIT_SLOTS: the rows bwd_rowx holds in one block, where its dscale / dbias slots (one per group: 8 bytes a
+# parameter, written and read back by finish) move more bytes than the split's second read of x and dy (2 n): few
+# rows per group (LN bf16 417 x 2770: 420 slots, 18.6 MB of slots against 2.3 MB of x; 169308 x 166: 504 slots,
+# 1.3 MB against 56 MB keeps bwd_rowx). Off until measured.
+# XSPLIT_SLOTS: a switch, pydnn.tuning.norm.XSPLIT_SLOTS (default False)
 # XSPLIT_DX_BLOCK: bwd_xsplit_dx's largest block (SPLIT_DX_VECS vectors a thread below it). Why 512: the kernel
 # takes 63-64 registers (__launch_bounds__(1024)), so a 1024-thread block is alone on its SM and the SM's loads
 # stop through each row's block reduction and tail; 512 keeps two rows' phases on an SM (the whole-vector split's
@@ -1495,7 +1500,11 @@ def _xsplit_use(handle, nd, tag, geo, vec, r):
         return False
     if geo[2] > MAX_GRID or geo[3] >= 2**31 - 64:
         return False
-    return r is None or tuning.norm.XSPLIT_ANY or " cl=" in r[0][0].desc
+    if r is None or tuning.norm.XSPLIT_ANY or " cl=" in r[0][0].desc:
+        return True
+    # XSPLIT_SLOTS: bwd_rowx's dscale / dbias slots (written, then read by finish: 2 x r[1] bytes) against what the
+    # split reads more (x and dy once more: 2 n bytes)
+    return tuning.norm.XSPLIT_SLOTS and r[1] > geo[2] * geo[3] * _SIZES[tag]
 
 
 def _xsplit_alt(handle, nd, tag, geo, vec):

@@ -18,6 +18,9 @@ pytestmark = pytest.mark.gpu
 def _no_rows_fit(monkeypatch):
     """These tests state the 4-item plans (tuning.norm.ROWS_FIT's 5-item ones: test_normalization_fit_*.py)."""
     monkeypatch.setattr(tuning.norm, "ROWS_FIT", False)
+    # (and bwd_rowx's plans: tuning.norm.XSPLIT_SLOTS moves few-rows-per-group shapes such as 417 x 2770 to the split
+    # kernels, tested in test_normalization_xsplit_gpu.py)
+    monkeypatch.setattr(tuning.norm, "XSPLIT_SLOTS", False)
 
 
 F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16

@@ -37,6 +37,7 @@ def _plan(h, rows, length, dtype=F32, kind=LAYER, stride=None):
 def _xsplit(monkeypatch):
     monkeypatch.setattr(tuning.norm, "XSPLIT", True)
     monkeypatch.setattr(tuning.norm, "XSPLIT_ANY", False)
+    monkeypatch.setattr(tuning.norm, "XSPLIT_SLOTS", False)
 
 
 def _emulate(rows, length, stride, vec, kind, dx_l, par_l, rng):
@@ -152,8 +153,15 @@ def test_xsplit_taken_where(monkeypatch):
     assert first(100, 34823, F16).startswith("bwd_rowx ")               # fewer rows than SMs: the cluster kernel
     assert first(417, 2770, BF16).startswith("bwd_rowx ")               # one block a row: bwd_rowx
     assert first(3673, 8552).startswith("bwd_split_params")               # whole vectors: BWD_SPLIT's kernels
+    monkeypatch.setattr(tuning.norm, "XSPLIT_SLOTS", True)  # bwd_rowx's slots outweigh the split's second read
+    assert first(417, 2770, BF16).startswith("bwd_xsplit_params")      # 420 slots: 18.6 MB against 4.6
+    assert first(665, 2277, BF16).startswith("bwd_xsplit_params")
+    assert first(169308, 166, BF16).startswith("bwd_rowx ")             # 504 slots: 1.3 MB against 112
+    assert first(17244, 4231, F16).startswith("bwd_rowx ")
+    monkeypatch.setattr(tuning.norm, "XSPLIT_SLOTS", False)
     monkeypatch.setattr(tuning.norm, "XSPLIT_ANY", True)
     assert first(417, 2770, BF16).startswith("bwd_xsplit_params")
+    assert first(169308, 166, BF16).startswith("bwd_xsplit_params")
     assert first(100, 2770, BF16).startswith("bwd_rowx ")
     monkeypatch.setattr(tuning.norm, "XSPLIT", False)
     assert first(417, 2770, BF16).startswith("bwd_rowx ")

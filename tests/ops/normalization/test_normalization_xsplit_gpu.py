@@ -35,6 +35,7 @@ def _cases(sm):
 def _on(monkeypatch):
     monkeypatch.setattr(tuning.norm, "XSPLIT", True)
     monkeypatch.setattr(tuning.norm, "XSPLIT_ANY", False)
+    monkeypatch.setattr(tuning.norm, "XSPLIT_SLOTS", False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
