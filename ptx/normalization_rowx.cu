@@ -566,30 +566,57 @@ __global__ void __launch_bounds__(1024) bwd_split_dx(const NormParams p) {
 
 constexpr int kSplitParamsThreads = 256;
 
-template <class T, int VEC>
-__global__ void __launch_bounds__(kSplitParamsThreads) bwd_split_params(const NormParams p) {
+// The dscale / dbias partials of the split backward, sum dy * xhat and sum dy of each (row chunk, parameter):
+// threads over a row's vectors (blockDim.x) and the chunk's rows (blockDim.y, U rows in flight), the row threads
+// summed in a fixed tree; slot = blockIdx.y. FRAME false (bwd_split_params): whole-vector rows, chunk = blockIdx.y
+// of p.group rows. FRAME true (bwd_xsplit_params, below): rows of any length in their aligned frame, blockIdx.y =
+// chunk * P + class (P = p.pf), the chunk's p.group rows of that alignment class (every row of a class starts at
+// the same offset a from a 16-byte boundary, so a thread keeps the same positions); the edge vectors' other
+// elements are not counted, not written; every slot covers every position once (empty chunks write zeros).
+template <class T, int VEC, bool FRAME>
+__device__ __forceinline__ void split_params_body(const NormParams& p) {
   typedef Frag<T, VEC> F;
   constexpr int U = 4;  // rows in flight per thread
   __shared__ float red[2][kSplitParamsThreads * VEC];
   const int bx = (int)blockDim.x, by = (int)blockDim.y, tx = (int)threadIdx.x, ty = (int)threadIdx.y;
   const int idx = ty * bx + tx;
-  const int nvec = (int)(p.len / VEC), vi = (int)blockIdx.x * bx + tx;
   const bool rms = p.flags & PYDNN_NORM_FLAG_RMS;
   const i64 sx = p.set_stride[0][0], sd = p.set_stride[2][0], ss = p.set_stride[3][0];
-  const i64 r0 = (i64)blockIdx.y * p.group, r1 = min(p.sets, r0 + (i64)p.group);
+  int nvec, a = 0, lo = 0, hi = VEC, P = 1, cls = 0;
+  i64 r0, r1;
+  const int vi = (int)blockIdx.x * bx + tx;
+  if constexpr (FRAME) {
+    const int L = (int)p.len;
+    P = p.pf;
+    cls = (int)(blockIdx.y % (unsigned)P);
+    a = (int)(((i64)cls * sx) % VEC);
+    nvec = (a + L + VEC - 1) / VEC;
+    const int j0 = vi * VEC - a;
+    lo = j0 < 0 ? -j0 : 0;
+    hi = L - j0 < VEC ? L - j0 : VEC;  // this vector's elements in the row
+    const i64 R = p.sets, nrows = cls < R ? (R - cls + P - 1) / P : 0;  // rows of the class
+    r0 = (i64)(blockIdx.y / (unsigned)P) * p.group;
+    r1 = min(nrows, r0 + (i64)p.group);
+  } else {
+    nvec = (int)(p.len / VEC);
+    r0 = (i64)blockIdx.y * p.group;
+    r1 = min(p.sets, r0 + (i64)p.group);
+  }
   float s[VEC], b[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) s[j] = b[j] = 0.0f;
   if (vi < nvec) {
-    const T* x = (const T*)p.x + vi * VEC;
-    const T* dy = (const T*)p.dy + vi * VEC;
+    const i64 off = FRAME ? (i64)vi * VEC - a : vi * VEC;  // (whole-vector rows: int, as before the frame)
+    const T* x = (const T*)p.x + off;
+    const T* dy = (const T*)p.dy + off;
     for (i64 r = r0 + ty; r < r1; r += (i64)by * U) {
       F fx[U], fd[U];
       float mu[U], iv[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const i64 rr = r + (i64)u * by;
-        if (rr < r1) {
+        const i64 t = r + (i64)u * by;
+        if (t < r1) {
+          const i64 rr = FRAME ? cls + (i64)P * t : t;
           fx[u].load(x + rr * sx);
           fd[u].load(dy + rr * sd);
           mu[u] = rms ? 0.0f : p.mean[rr * ss];
@@ -599,12 +626,13 @@ __global__ void __launch_bounds__(kSplitParamsThreads) bwd_split_params(const No
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (r + (i64)u * by < r1) {
-          float a[VEC], d[VEC];
-          rows_get<T, VEC>(fx[u], a);
+          float xa[VEC], d[VEC];
+          rows_get<T, VEC>(fx[u], xa);
           rows_get<T, VEC>(fd[u], d);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            s[j] = fmaf(d[j], (a[j] - mu[u]) * iv[u], s[j]);
+            if (FRAME && (j < lo || j >= hi)) continue;  // (an edge vector's other rows)
+            s[j] = fmaf(d[j], (xa[j] - mu[u]) * iv[u], s[j]);
             b[j] += d[j];
           }
         }
@@ -631,13 +659,19 @@ __global__ void __launch_bounds__(kSplitParamsThreads) bwd_split_params(const No
     __syncthreads();
   }
   if (ty == 0 && vi < nvec) {
-    float* ws = p.ws + (i64)blockIdx.y * 2 * p.nparams + vi * VEC;
+    float* ws = p.ws + (i64)blockIdx.y * 2 * p.nparams + (FRAME ? (i64)vi * VEC - a : vi * VEC);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
+      if (FRAME && (j < lo || j >= hi)) continue;
       ws[j] = s[j];
       ws[p.nparams + j] = b[j];
     }
   }
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kSplitParamsThreads) bwd_split_params(const NormParams p) {
+  split_params_body<T, VEC, false>(p);
 }
 
 // ------------------------------------------------------------------ split backward, rows of any length (xsplit)
@@ -739,85 +773,7 @@ __global__ void __launch_bounds__(1024) bwd_xsplit_dx(const NormParams p) {
 
 template <class T, int VEC>
 __global__ void __launch_bounds__(kSplitParamsThreads) bwd_xsplit_params(const NormParams p) {
-  typedef Frag<T, VEC> F;
-  constexpr int U = 4;  // rows in flight per thread
-  __shared__ float red[2][kSplitParamsThreads * VEC];
-  const int bx = (int)blockDim.x, by = (int)blockDim.y, tx = (int)threadIdx.x, ty = (int)threadIdx.y;
-  const int idx = ty * bx + tx;
-  const int P = p.pf, cls = (int)(blockIdx.y % (unsigned)P);
-  const i64 chunk = blockIdx.y / (unsigned)P;
-  const int L = (int)p.len;
-  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS;
-  const i64 sx = p.set_stride[0][0], sd = p.set_stride[2][0], ss = p.set_stride[3][0];
-  const int a = (int)(((i64)cls * sx) % VEC);
-  const int nsv = (a + L + VEC - 1) / VEC, vi = (int)blockIdx.x * bx + tx, j0 = vi * VEC - a;
-  const int lo = j0 < 0 ? -j0 : 0, hi = L - j0 < VEC ? L - j0 : VEC;  // this vector's elements in the row
-  const i64 R = p.sets, nrows = cls < R ? (R - cls + P - 1) / P : 0;  // rows of the class
-  const i64 t0 = chunk * p.group, t1 = min(nrows, t0 + (i64)p.group);
-  float s[VEC], b[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) s[j] = b[j] = 0.0f;
-  if (vi < nsv) {
-    const T* x = (const T*)p.x + ((i64)vi * VEC - a);
-    const T* dy = (const T*)p.dy + ((i64)vi * VEC - a);
-    for (i64 t = t0 + ty; t < t1; t += (i64)by * U) {
-      F fx[U], fd[U];
-      float mu[U], iv[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const i64 tt = t + (i64)u * by;
-        if (tt < t1) {
-          const i64 rr = cls + (i64)P * tt;
-          fx[u].load(x + rr * sx);
-          fd[u].load(dy + rr * sd);
-          mu[u] = rms ? 0.0f : p.mean[rr * ss];
-          iv[u] = p.invstd[rr * ss];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (t + (i64)u * by < t1) {
-          float xa[VEC], d[VEC];
-          rows_get<T, VEC>(fx[u], xa);
-          rows_get<T, VEC>(fd[u], d);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            if (j < lo || j >= hi) continue;  // (an edge vector's other rows)
-            s[j] = fmaf(d[j], (xa[j] - mu[u]) * iv[u], s[j]);
-            b[j] += d[j];
-          }
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    red[0][idx * VEC + j] = s[j];
-    red[1][idx * VEC + j] = b[j];
-  }
-  __syncthreads();
-  for (int h = by / 2; h > 0; h >>= 1) {  // fixed tree over the row threads
-    if (ty < h) {
-      const int q = (idx + h * bx) * VEC;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        s[j] += red[0][q + j];
-        b[j] += red[1][q + j];
-        red[0][idx * VEC + j] = s[j];
-        red[1][idx * VEC + j] = b[j];
-      }
-    }
-    __syncthreads();
-  }
-  if (ty == 0 && vi < nsv) {
-    float* ws = p.ws + (i64)blockIdx.y * 2 * p.nparams + j0;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      if (j < lo || j >= hi) continue;
-      ws[j] = s[j];
-      ws[p.nparams + j] = b[j];
-    }
-  }
+  split_params_body<T, VEC, true>(p);
 }
 
 // finish for bwd_rowx's slots (a copy of normalization.cu's finish, so that the rowx backward loads from this
