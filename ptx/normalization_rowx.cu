@@ -93,6 +93,41 @@ __device__ __forceinline__ void cl_sum(float (&v)[R], float* slot) {
   for (int r = 0; r < R; ++r) v[r] = t[r];
 }
 
+// dx of one aligned vector vi of a row (frame position j0 = vi * VEC - a; o: the row's frame base): alpha * invstd *
+// (g - sum g / n - xhat * sum (g xhat) / n) (m1 = sum g / n, 0 for RMS; m2 = sum (g xhat) / n; ai = alpha * invstd),
+// g = dy * scale at the shifted positions, + beta * dx when blending; an edge vector stored element by element.
+template <class T, int VEC>
+__device__ __forceinline__ void dx_vec(const Frag<T, VEC>& fx, const Frag<T, VEC>& fd, T* o, int vi, int j0, int L,
+                                       const float* scale, bool pvec, float ai, float m1, float mean, float inv,
+                                       float m2, bool blend, float beta) {
+  typedef Frag<T, VEC> F;
+  constexpr int Q = VEC / 4;
+  float xa[VEC], d[VEC];
+  rows_get<T, VEC>(fx, xa);
+  rows_get<T, VEC>(fd, d);
+#pragma unroll
+  for (int h = 0; h < Q; ++h) {
+    float w[4];
+    params4(scale, j0 + 4 * h, L, pvec, w);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * h + e;
+      xa[i] = ai * (d[i] * w[e] - m1 - (xa[i] - mean) * inv * m2);
+    }
+  }
+  if (blend) {
+    F old;
+    old.load(o + vi * VEC);
+    old.get(d);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) xa[e] += beta * d[e];
+  }
+  F out;
+  out.set(xa);
+  if (j0 >= 0 && j0 + VEC <= L) out.store(o + vi * VEC);
+  else store_part<T, VEC>(out, o + vi * VEC, -j0, L - j0);
+}
+
 }  // namespace rowx
 
 // Forward (rowx): G threads per row (blockDim / G rows per block, one-shot blocks), ITEMS aligned vectors
@@ -368,30 +403,7 @@ __device__ __forceinline__ void bwd_rowx_body(const NormParams& p) {
     for (int k = 0; k < ITEMS; ++k) {
       const int vi = lane + (k * CL + rank) * G, j0 = vi * VEC - a;
       if (vi >= nsv) continue;
-      float xa[VEC], d[VEC];
-      rows_get<T, VEC>(bx[k], xa);
-      rows_get<T, VEC>(bd[k], d);
-#pragma unroll
-      for (int h = 0; h < Q; ++h) {
-        float w[4];
-        rowx::params4(p.scale, j0 + 4 * h, L, pvec, w);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 4 * h + e;
-          xa[i] = ai * (d[i] * w[e] - m1 - (xa[i] - mean) * inv * m2);
-        }
-      }
-      if (blend) {
-        F old;
-        old.load(o + vi * VEC);
-        old.get(d);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) xa[e] += beta * d[e];
-      }
-      F out;
-      out.set(xa);
-      if (j0 >= 0 && j0 + VEC <= L) out.store(o + vi * VEC);
-      else rowx::store_part<T, VEC>(out, o + vi * VEC, -j0, L - j0);
+      rowx::dx_vec<T, VEC>(bx[k], bd[k], o, vi, j0, L, p.scale, pvec, ai, m1, mean, inv, m2, blend, beta);
     }
   }
   if constexpr (CL > 1) cluster_sync();  // (no block leaves while another reads its slots)
@@ -743,30 +755,7 @@ __global__ void __launch_bounds__(1024) bwd_xsplit_dx(const NormParams p) {
     for (int u = 0; u < U; ++u) {
       const int vi = v0 + u * G, j0 = vi * VEC - a;
       if (vi >= nsv) continue;
-      float xa[VEC], d[VEC];
-      rows_get<T, VEC>(fx[u], xa);
-      rows_get<T, VEC>(fd[u], d);
-#pragma unroll
-      for (int h = 0; h < Q; ++h) {
-        float w[4];
-        rowx::params4(p.scale, j0 + 4 * h, L, pvec, w);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 4 * h + e;
-          xa[i] = ai * (d[i] * w[e] - m1 - (xa[i] - mean) * inv * m2);
-        }
-      }
-      if (blend) {
-        F old;
-        old.load(o + vi * VEC);
-        old.get(d);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) xa[e] += beta * d[e];
-      }
-      F out;
-      out.set(xa);
-      if (j0 >= 0 && j0 + VEC <= L) out.store(o + vi * VEC);
-      else rowx::store_part<T, VEC>(out, o + vi * VEC, -j0, L - j0);
+      rowx::dx_vec<T, VEC>(fx[u], fd[u], o, vi, j0, L, p.scale, pvec, ai, m1, mean, inv, m2, blend, beta);
     }
   }
 }
