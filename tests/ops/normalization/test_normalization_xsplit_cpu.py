@@ -6,7 +6,6 @@ emulation of both kernels' frame walks (edge masks, class walk, slot order) agai
 kernels compile for sm_80 / sm_90 without spills."""
 import math
 import os
-import re
 import sys
 
 import numpy as np
@@ -169,19 +168,5 @@ def test_xsplit_taken_where(monkeypatch):
 
 
 def test_xsplit_kernels_compile_without_spills():
-    from pydnn._build import cache
-    from pydnn._build.manifest import COMMON_OPTIONS
-    from pydnn._cuda import nvrtc
-
-    for unit in N.kernel_units():
-        if not unit.name.startswith("normalization.rowx."):
-            continue
-        exprs = tuple(e for e in unit.exprs if "::bwd_xsplit_" in e)
-        assert len(exprs) == 2, (unit.name, exprs)
-        text, _ = cache.unit_inputs(unit)
-        for arch in ("sm_80", "sm_90"):
-            _, lowered, log = nvrtc.compile_cubin(text, unit.source, exprs, arch,
-                                                  COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
-            assert set(lowered) == set(exprs)
-            spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
-            assert spills and not any(spills), (unit.name, arch, log)
+    from test_normalization_split_cpu import compile_without_spills
+    compile_without_spills("::bwd_xsplit_")
