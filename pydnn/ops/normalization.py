@@ -411,7 +411,8 @@ def _rowx_unit_exprs(tag):
     return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS + (ROWS_FIT_ITEMS,)] +
                  [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
                  [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS, cl) for cl in (1,) + ROWX_BWD_CL] +
-                 [_finish_rowx_expr(FINISH_SHAPES[-1])] + [_split_expr(k, tag, v) for k in SPLIT_KERNELS + XSPLIT_KERNELS])
+                 [_finish_rowx_expr(FINISH_SHAPES[-1])] +
+                 [_split_expr(k, tag, v) for k in SPLIT_KERNELS + XSPLIT_KERNELS])
 
 
 def kernel_units():
