@@ -389,9 +389,16 @@ norm = Switches(
                   'fp16 2402 x 34823: bwd_rowx_cl 0.63-0.69x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
     XSPLIT_ANY=(False, 'XSPLIT for every rowx row backward with rows >= SMs, bwd_rowx (one block a row) too (LN bf16 '
                        '417 x 2770: bwd_rowx 0.58-0.67x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_FILL=(0.6, "XSPLIT also where bwd_rowx's group would hold a row's vectors in under this fraction of its slots "
+                      '(idle lanes: fewer bytes in flight) and the tensor is at least XSPLIT_FILL_BYTES (RMS fp16 17244 x '
+                      '4231: 0.975x -> 1.19x PyTorch, bf16 81995 x 9188: 1.05x -> 1.24x, H200); 0: off; the reasons: '
+                      'pydnn/ops/normalization.py'),
+    XSPLIT_FILL_BYTES=(32 << 20, 'XSPLIT_FILL: tensors of at least this many bytes (RMS bf16 665 x 2277, 3 MB, 56% full, '
+                                 'keeps bwd_rowx: 0.0189 against 0.0281 ms); the reasons: pydnn/ops/normalization.py'),
     XSPLIT_SLOTS=(False, "XSPLIT for bwd_rowx's one-block rows where its dscale / dbias slots (written and read back) "
-                         'outweigh the split\'s second read of x and dy (LN bf16 417 x 2770: 18.6 MB against 4.6); '
-                         'the reasons: pydnn/ops/normalization.py'),
+                         'outweigh the split\'s second read of x and dy (LN bf16 417 x 2770: 18.6 MB against 4.6; '
+                         'measured slower than bwd_rowx with ROWX_BWD_WS16: 0.0339 against 0.0260 ms, H200); the '
+                         'reasons: pydnn/ops/normalization.py'),
     XSPLIT_DX_BLOCK=(512, "bwd_xsplit_dx's largest block (1024: alone on its SM at 64 registers); the reasons: "
                           'pydnn/ops/normalization.py'),
     ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
@@ -402,8 +409,9 @@ norm = Switches(
     ROWX_BWD_ROWS=(1, "bwd_rowx's grid: each group walks at least this many rows of its alignment class (1: as many "
                       'blocks as rows up to the resident limit; more: fewer dscale / dbias partial slots for finish; '
                       '8 gave LN bf16 417 x 2770 34.3 us against 35.1, H200); the reasons: pydnn/ops/normalization.py'),
-    ROWX_BWD_WS16=(False, "bwd_rowx (no cluster): the dscale / dbias slot written in order with 16-byte stores instead "
-                          "of one float at a time; the reasons: pydnn/ops/normalization.py"),
+    ROWX_BWD_WS16=(True, "bwd_rowx (no cluster): the dscale / dbias slot written in order with 16-byte stores instead "
+                         "of one float at a time (LN bf16 417 x 2770 0.93x -> 1.27x PyTorch, H200); the reasons: "
+                         "pydnn/ops/normalization.py"),
     ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
                             'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "
@@ -640,8 +648,9 @@ attention_bwd = Switches(
 
 activation = Switches(
     "activation", 'activations (pydnn/ops/activation.py)',
-    PLAIN_ACCESS=((), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0); the others stream '
-                      '(evict-first); the reasons: pydnn/ops/activation.py'),
+    PLAIN_ACCESS=((1, 0), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0): RELU (1), SIGMOID (0) '
+                          '(ReLU backward fp32 297888 x 256 0.95x -> 1.00x PyTorch plain, H200); the others stream '
+                          '(evict-first); the reasons: pydnn/ops/activation.py'),
 )
 
 softmax = Switches(
@@ -660,10 +669,11 @@ tensor_ops = Switches(
     BROADCAST_ROWS_SCALAR=(True, 'map_rows with 1-element accesses for rows whose length or strides are not a '
                                  'multiple of the 16-byte vector (else map_strided: bias 8659 x 50083 fp32 at '
                                  '0.49x PyTorch, 1.02x with it, H200); the reasons: pydnn/ops/tensor_ops.py'),
-    PLAIN_BYTES=(40 << 20, 'dense ScaleTensor / AddTensor / OpTensor whose operands (output and inputs) total at '
-                           'most this many bytes keep the plain cache policy (map_contig HINT 0) instead of '
-                           'evict-first streaming: they fit in L2 (50 MB on the H100 / H200); 0: always stream; '
-                           'the reasons: pydnn/ops/tensor_ops.py'),
+    PLAIN_BYTES=(1 << 40, 'dense ScaleTensor / AddTensor / OpTensor whose operands (output and inputs) total at '
+                          'most this many bytes keep the plain cache policy (map_contig HINT 0) instead of '
+                          'evict-first streaming (1 TiB: all; 40 MiB, the L2, before session 32: OpTensor ADD fp32 '
+                          '5070 x 32768 0.95x -> 1.00x PyTorch plain, H200); 0: always stream; the reasons: '
+                          'pydnn/ops/tensor_ops.py'),
 )
 
 reduce = Switches(

@@ -215,8 +215,12 @@ ROWX_BWD_CL = (2, 4, 8)
 # ROWX_BWD_WS16: bwd_rowx (no cluster) writes its dscale / dbias slot in order, 16-byte stores (PYDNN_NORM_FLAG_WS16),
 # instead of one float at a time from each thread's positions (lanes 32 bytes apart: 8 partial writes per sector).
 # Why: LN bf16 417 x 2770 spent 29.0 us in bwd_rowx against PyTorch's 5.6 us grad-input kernel (mid-session run 1,
-# H200, tools/profile_memory_points.py): 420 slots of 2 x 2770 floats, 3.3M scalar stores. Off until measured.
-# ROWX_BWD_WS16: a switch, pydnn.tuning.norm.ROWX_BWD_WS16 (default False)
+# H200, tools/profile_memory_points.py): 420 slots of 2 x 2770 floats, 3.3M scalar stores. Measured (session 32
+# mid-session run, H200, tools/bench_memory_points.py, eager ms off / on, PyTorch in the same run): LN bf16 417 x
+# 2770 0.0359 / 0.0260 (0.93x -> 1.27x), RMS bf16 665 x 2277 0.0287 / 0.0189, LN fp32 21 x 1439 0.0212 / 0.0164
+# (0.96x -> 1.29x), LN bf16 169308 x 166 0.1507 / 0.1379, RMS fp16 17244 x 4231 0.3355 / 0.3289; LN bf16 96 x 275,
+# RMS bf16 81995 x 9188, LN fp32 486865 x 2015 unchanged (within 0.5%). On.
+# ROWX_BWD_WS16: a switch, pydnn.tuning.norm.ROWX_BWD_WS16 (default True)
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
 # fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
@@ -1483,10 +1487,21 @@ def _split_alt(handle, nd, tag, geo, vec):
 # bf16 417 x 2770: bwd_rowx 29.0 us + finish 3.7 against PyTorch's 5.6 + 4.1; off until measured).
 # XSPLIT: a switch, pydnn.tuning.norm.XSPLIT (default True)
 # XSPLIT_ANY: a switch, pydnn.tuning.norm.XSPLIT_ANY (default False)
+# XSPLIT_FILL: also the rows bwd_rowx holds in one block whose vectors fill under XSPLIT_FILL of its group's G x
+# ROWX_BWD_ITEMS slots (G a power of two: RMS fp16 4231 = 529 vectors in 256 x 4, 52%), tensors of at least
+# XSPLIT_FILL_BYTES: the idle lanes hold no loads, so an SM keeps about half the bytes in flight. Measured
+# (session 32 mid-session run, H200, tools/bench_memory_points.py, eager ms bwd_rowx / split, PyTorch in the same
+# run): RMS fp16 17244 x 4231 (52%) 0.3355 / 0.2751 (0.975x -> 1.19x), RMS bf16 81995 x 9188 (56%) 2.774 / 2.345
+# (1.05x -> 1.24x); where the rule keeps bwd_rowx: LN fp32 486865 x 2015 (98%) 4.004 / 4.953, LN bf16 169308 x 166
+# (66%) 0.151 / 0.442, LN bf16 417 x 2770 (68%) 0.0359 / 0.0339 (0.0260 with ROWX_BWD_WS16), RMS bf16 665 x 2277
+# (56%, 3 MB) 0.0287 / 0.0281 (0.0189 with ROWX_BWD_WS16).
+# XSPLIT_FILL: a switch, pydnn.tuning.norm.XSPLIT_FILL (default 0.6; 0: off)
+# XSPLIT_FILL_BYTES: a switch, pydnn.tuning.norm.XSPLIT_FILL_BYTES (default 32 MiB)
 # XSPLIT_SLOTS: the rows bwd_rowx holds in one block, where its dscale / dbias slots (one per group: 8 bytes a
 # parameter, written and read back by finish) move more bytes than the split's second read of x and dy (2 n): few
 # rows per group (LN bf16 417 x 2770: 420 slots, 18.6 MB of slots against 2.3 MB of x; 169308 x 166: 504 slots,
-# 1.3 MB against 56 MB keeps bwd_rowx). Off until measured.
+# 1.3 MB against 56 MB keeps bwd_rowx). Measured (session 32, as XSPLIT_FILL): LN bf16 417 x 2770 0.0339 ms, RMS bf16
+# 665 x 2277 0.0281, where bwd_rowx with ROWX_BWD_WS16 (the 16-byte slot stores) took 0.0260 / 0.0189: off.
 # XSPLIT_SLOTS: a switch, pydnn.tuning.norm.XSPLIT_SLOTS (default False)
 # XSPLIT_DX_BLOCK: bwd_xsplit_dx's largest block (SPLIT_DX_VECS vectors a thread below it). Why 512: the kernel
 # takes 63-64 registers (__launch_bounds__(1024)), so a 1024-thread block is alone on its SM and the SM's loads
@@ -1504,9 +1519,15 @@ def _xsplit_use(handle, nd, tag, geo, vec, r):
         return False
     if r is None or tuning.norm.XSPLIT_ANY or " cl=" in r[0][0].desc:
         return True
+    nbytes = geo[2] * geo[3] * _SIZES[tag]
+    # XSPLIT_FILL: bwd_rowx's group holds G * ROWX_BWD_ITEMS vectors of a row, G a power of two: below the fill,
+    # its idle lanes cut the bytes an SM has in flight (see XSPLIT_FILL above)
+    fill = cdiv(geo[3] + vec - 1, vec) / (r[0][0].params.group * ROWX_BWD_ITEMS)
+    if fill < tuning.norm.XSPLIT_FILL and nbytes >= tuning.norm.XSPLIT_FILL_BYTES:
+        return True
     # XSPLIT_SLOTS: bwd_rowx's dscale / dbias slots (written, then read by finish: 2 x r[1] bytes) against what the
     # split reads more (x and dy once more: 2 n bytes)
-    return tuning.norm.XSPLIT_SLOTS and r[1] > geo[2] * geo[3] * _SIZES[tag]
+    return tuning.norm.XSPLIT_SLOTS and r[1] > nbytes
 
 
 def _xsplit_alt(handle, nd, tag, geo, vec):

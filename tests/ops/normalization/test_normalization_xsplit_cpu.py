@@ -152,6 +152,14 @@ def test_xsplit_taken_where(monkeypatch):
     assert first(100, 34823, F16).startswith("bwd_rowx ")               # fewer rows than SMs: the cluster kernel
     assert first(417, 2770, BF16).startswith("bwd_rowx ")               # one block a row: bwd_rowx
     assert first(3673, 8552).startswith("bwd_split_params")               # whole vectors: BWD_SPLIT's kernels
+    # XSPLIT_FILL (0.6, 32 MiB): bwd_rowx's groups filled under 60%, tensors of 32 MiB or more
+    assert first(17244, 4231, F16).startswith("bwd_xsplit_params")     # 529 vectors in 256 x 4: 52%, 146 MB
+    assert first(81995, 9188, BF16, RMS).startswith("bwd_xsplit_params")  # 1149 in 512 x 4: 56%
+    assert first(665, 2277, BF16).startswith("bwd_rowx ")               # 56%, but 3 MB
+    assert first(486865, 2015).startswith("bwd_rowx ")                  # 504 in 128 x 4: 98%
+    assert first(169308, 166, BF16).startswith("bwd_rowx ")             # 21 in 8 x 4: 66%
+    monkeypatch.setattr(tuning.norm, "XSPLIT_FILL", 0)
+    assert first(17244, 4231, F16).startswith("bwd_rowx ")
     monkeypatch.setattr(tuning.norm, "XSPLIT_SLOTS", True)  # bwd_rowx's slots outweigh the split's second read
     assert first(417, 2770, BF16).startswith("bwd_xsplit_params")      # 420 slots: 18.6 MB against 4.6
     assert first(665, 2277, BF16).startswith("bwd_xsplit_params")

@@ -84,6 +84,24 @@ def test_xsplit_dx_block(handle, rng, monkeypatch, dtype):
         _backward_check(handle, rng, kind, 0, 1, dims, layout, dtype, alphas=(1.0, 0.5, 1.0, -1.0))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_xsplit_fill(handle, rng, monkeypatch, dtype):
+    """XSPLIT_FILL: rows bwd_rowx's groups would fill under 60% (4231: 529 8-element vectors in 256 x 4, 1058 4-element
+    ones in 512 x 4), here without the size floor (XSPLIT_FILL_BYTES 0) so that the shape stays small."""
+    monkeypatch.setattr(tuning.norm, "XSPLIT_FILL_BYTES", 0)
+    for kind, dims in ((RMS, (handle.sm_count + 3, 4231)), (LAYER, (handle.sm_count + 9, 4231))):
+        x = _tensor(dims, "nchw", dtype)
+        alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
+        assert alts[0][0].startswith("bwd_xsplit_params"), alts
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
+        _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
+                        dbias=False)
+    monkeypatch.setattr(tuning.norm, "XSPLIT_FILL", 0)
+    alts, _ = N.plan_summary(handle, _nd(RMS, 0, 1), _tensor((handle.sm_count + 3, 4231), "nchw", dtype).desc,
+                             backward=True)
+    assert alts[0][0].startswith("bwd_rowx "), alts
+
+
 def test_xsplit_off(handle, rng, monkeypatch):
     monkeypatch.setattr(tuning.norm, "XSPLIT", False)
     kind, dims, layout = _cases(handle.sm_count)[0]
