@@ -166,7 +166,8 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     "addplain_7167x8272_fp16": (dict(family="op_add", dtype="fp16", rows=7167, hidden=8272),
                                 {"tensor_ops.PLAIN_BYTES": 1 << 40}),
     # session 32: activations beyond L2 (default settings only: map_contig's cache policy is a unit's instantiation,
-    # so the plain-policy side runs in a process of its own, PYDNN_TUNING="activation.PLAIN_ACCESS=(0, 1, 2)")
+    # so the other side runs in a process of its own: PYDNN_TUNING="activation.PLAIN_ACCESS=()" streams every mode,
+    # "activation.PLAIN_ACCESS=(0, 1, 2)" keeps sigmoid, ReLU and tanh plain; the default since session 32: (1, 0))
     "act_tanh_12701x65536_bf16": (dict(family="act_fwd", dtype="bf16", variant="tanh", rows=12701, hidden=65536),
                                   None),
     "act_relu_7549x25760_fp32": (dict(family="act_fwd", dtype="fp32", variant="relu", rows=7549, hidden=25760), None),
