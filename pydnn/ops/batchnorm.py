@@ -820,6 +820,13 @@ NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
 # 0.82x), bf16 1x306x99x99 0.82x (0.56 / 0.68x), bf16 4x256x64x64 training 1.29x (1.20 / 1.06x); lost: fp16
 # 4x139x64x64 backward 0.63x (0.68 / 0.75x).
 # NC_RES_WAVE: a switch, pydnn.tuning.batchnorm.NC_RES_WAVE (default True)
+# NC_RES_SU: elements a thread loads together per step of the streaming passes (nc_res's SU: 4, the template's
+# default, or 1, instantiated for first use). Why the switch: the 4-at-once form (1bb5916, after run 2) was never
+# timed against the one-a-step form that run 2 measured; the session-32 mid-session sweep read bn_bwd NCHW fp32
+# 5x1481x23x23 at 0.0317 ms (0.885x; PyTorch 0.0281) against run 2's 0.0258 (PyTorch 0.0285), and the
+# bench's fp16 4x139x64x64 at 0.0333 against 0.0284 (the resident form, untouched, read 0.0264 / 0.0262): a
+# regression by that cross-run reading. 4 until a same-run A/B (tools/bench_memory_points.py's ncr_* points).
+# NC_RES_SU: a switch, pydnn.tuning.batchnorm.NC_RES_SU (default 4)
 NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
 NC_RES_STREAM_PER = 4
 NC_RES_STREAM_REGS = {"fwd": 40, "bwd": 56}  # (sm_90: 40 / 47-49; allocated in 8s)
@@ -852,7 +859,8 @@ def _nc_res_launch(handle, g, direction, tag):
             st = min(st, cdiv(cdiv(m, sp), 32) * 32)
             if c <= handle.sm_count * _res_blocks_per_sm(st, NC_RES_STREAM_REGS[direction]):
                 break
-        return _Launch("nc_res", None, (c, 1, 1), (st, 1, 1), {}, f"{sp}, {b}, true")
+        su = ", 1" if tuning.batchnorm.NC_RES_SU == 1 else ""  # (SU 4: the template's default)
+        return _Launch("nc_res", None, (c, 1, 1), (st, 1, 1), {}, f"{sp}, {b}, true{su}")
     return _Launch("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, f"{per}, {b}")
 
 
@@ -860,7 +868,8 @@ def _nc_exprs(t):
     out = []
     if t != "f64":
         out += [_expr("nc_res", t, None, f"{per}, {b}") for per in NC_RES_PER for b in ("false", "true")]
-        out += [_expr("nc_res", t, None, f"{NC_RES_STREAM_PER}, {b}, true") for b in ("false", "true")]
+        out += [_expr("nc_res", t, None, f"{NC_RES_STREAM_PER}, {b}, true{su}") for b in ("false", "true")
+                for su in ("", ", 1")]
     for v in (vec_width(t, t), 1):
         out += [_expr("nc_stats", t, v, b) for b in ("false", "true", "true, true")]
         out += [_expr("nc_apply", t, v, m) for m in sorted(NC_MODES.values())]
