@@ -242,7 +242,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
           bulk_wait_read();  // the tile read: the consumers may store into the buffer again
           tma::mbar_arrive(dqempty(i));
         }
-        bulk_wait();  // (the additions done before the CTA's end)
+        // (no wait for the additions themselves: the loop's last wait_group.read freed the tile, and the grid's end
+        // orders the reductions before any later launch, as CUTLASS's TMA-store epilogues rely on)
         return;
       }
     }
@@ -520,10 +521,12 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   }
   wgmma::fence_operands(dk);
   wgmma::fence_operands(dv);
-  if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait();  // (the reductions done before the CTA's end)
 
   // dK = scale * dK, dV: row key0 + 8 hh, columns 8 j + 2 q4; keys past the length written as zeros
   attn::bwd_store_dkdv<T, D>(p, sq, b, hk, wkey, warp, g, q4, dk, dv);
+  // kDqBulk: the last tile read before the CTA's shared memory goes (after the stores above, not before them:
+  // the additions' completion is not waited for, see the writer)
+  if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();
 }
 
 
@@ -658,8 +661,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
           bulk_wait_read();  // the tile read: the stage may be refilled
           tma::mbar_arrive(empty(s));
         }
-        bulk_wait();  // (the additions done before the CTA's end)
-        return;
+        return;  // (the additions' completion not waited for: bwd_ws's writer says why)
       }
     }
     if (threadIdx.x >= 32 || iters == 0) return;

@@ -130,10 +130,25 @@ def describe():
     return "\n\n".join(fam.describe() for fam in FAMILIES.values())
 
 
+def _items(text):
+    """`text` split at ';' and at ',' outside brackets (a tuple or set literal keeps its commas)."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == ";" or (ch == "," and depth <= 0):
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
 def apply_environment(text=None):
-    """Apply PYDNN_TUNING (or `text`): `family.SWITCH=literal` settings separated by ';' or ','."""
+    """Apply PYDNN_TUNING (or `text`): `family.SWITCH=literal` settings separated by ';' or ',' (commas inside
+    brackets belong to the literal: `activation.PLAIN_ACCESS=(1, 2)`)."""
     text = os.environ.get("PYDNN_TUNING", "") if text is None else text
-    for item in text.replace(",", ";").split(";"):
+    for item in _items(text):
         if not item.strip():
             continue
         name, eq, value = item.partition("=")
@@ -337,6 +352,8 @@ batchnorm = Switches(
     NC_RES_WAVE=(True, 'NC_RES where its register-resident blocks need more than one wave: the streaming form (4 '
                        'elements a thread in registers, the rest read in each pass, blocks that keep every channel in '
                        'one wave); the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES_SU=(4, "NC_RES_WAVE's streaming passes: elements a thread loads together per step (4, or 1: the form "
+                  'session 31\'s run 2 measured, compiled on first use); the reasons: pydnn/ops/batchnorm.py'),
     NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
                        'reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
@@ -378,6 +395,24 @@ norm = Switches(
                      'reasons: pydnn/ops/normalization.py'),
     BWD_SPLIT_16=(True, 'BWD_SPLIT for 16-bit rows as well (RMS bf16 1478 x 32768: 0.551x -> 1.116x PyTorch, H200; '
                         'False: float only); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT=(True, 'layer / RMS rows of any length whose backward takes a cluster per row (bwd_rowx_cl) or no vector '
+                  'kernel, at least as many as the SMs: bwd_xsplit_dx (a block per row, two passes, the aligned '
+                  'frame) + bwd_xsplit_params (dscale / dbias per alignment class and row chunk) + finish_rowx (LN '
+                  'fp16 2402 x 34823: bwd_rowx_cl 0.63-0.69x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_ANY=(False, 'XSPLIT for every rowx row backward with rows >= SMs, bwd_rowx (one block a row) too (LN bf16 '
+                       '417 x 2770: bwd_rowx 0.58-0.67x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_FILL=(0.6, "XSPLIT also where bwd_rowx's group would hold a row's vectors in under this fraction of its slots "
+                      '(idle lanes: fewer bytes in flight) and the tensor is at least XSPLIT_FILL_BYTES (RMS fp16 17244 x '
+                      '4231: 0.975x -> 1.19x PyTorch, bf16 81995 x 9188: 1.05x -> 1.24x, H200); 0: off; the reasons: '
+                      'pydnn/ops/normalization.py'),
+    XSPLIT_FILL_BYTES=(32 << 20, 'XSPLIT_FILL: tensors of at least this many bytes (RMS bf16 665 x 2277, 3 MB, 56% full, '
+                                 'keeps bwd_rowx: 0.0189 against 0.0281 ms); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_SLOTS=(False, "XSPLIT for bwd_rowx's one-block rows where its dscale / dbias slots (written and read back) "
+                         'outweigh the split\'s second read of x and dy (LN bf16 417 x 2770: 18.6 MB against 4.6; '
+                         'measured slower than bwd_rowx with ROWX_BWD_WS16: 0.0339 against 0.0260 ms, H200); the '
+                         'reasons: pydnn/ops/normalization.py'),
+    XSPLIT_DX_BLOCK=(512, "bwd_xsplit_dx's largest block (1024: alone on its SM at 64 registers); the reasons: "
+                          'pydnn/ops/normalization.py'),
     ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
                          '8-block cluster kernel: bwd_rowx when one block holds the row and the rows are at least '
                          'the SMs (RMS fp32 5315 x 8192 0.73x -> 1.31x PyTorch, H200; rows the whole-vector kernels '
@@ -386,8 +421,9 @@ norm = Switches(
     ROWX_BWD_ROWS=(1, "bwd_rowx's grid: each group walks at least this many rows of its alignment class (1: as many "
                       'blocks as rows up to the resident limit; more: fewer dscale / dbias partial slots for finish; '
                       '8 gave LN bf16 417 x 2770 34.3 us against 35.1, H200); the reasons: pydnn/ops/normalization.py'),
-    ROWX_BWD_WS16=(False, "bwd_rowx (no cluster): the dscale / dbias slot written in order with 16-byte stores instead "
-                          "of one float at a time; the reasons: pydnn/ops/normalization.py"),
+    ROWX_BWD_WS16=(True, "bwd_rowx (no cluster): the dscale / dbias slot written in order with 16-byte stores instead "
+                         "of one float at a time (LN bf16 417 x 2770 0.93x -> 1.27x PyTorch, H200); the reasons: "
+                         "pydnn/ops/normalization.py"),
     ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
                             'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "
@@ -617,6 +653,12 @@ attention_bwd = Switches(
                        'adding them there). Session 30 mid-session H200 runs: red 17.3 ms at b4 s4096 h32 where the '
                        'kernel without dQ takes 8.76; geomean over cuDNN red 0.778 / bulkw 0.918 (6 points), red 0.799 / '
                        'bulkw 0.929 / bulkw2 0.919 (4 points, bulkw2 1.06 at h128/8 but 0.84 at h32)'),
+    PREP_VEC=(True, 'the backward\'s memory passes (dsum = rowsum(dO * O) with the fp32 dQ accumulator zeroed, and the '
+                    'atomic mode\'s dQ conversion) in 16-byte accesses, several rows a thread (ptx/attention_prep.cu, '
+                    'every arch); False: attention.cu\'s bwd_pre / bwd_dq_convert (a warp a row, 4- / 8-byte loads). '
+                    'Session 32 mid-session H200 run, b32 s512 h32/32 d64: pre 0.124 -> 0.069 ms, convert 0.099 -> '
+                    '0.049 ms (cuDNN\'s two 0.069-0.071 / 0.058); backward 0.754 -> 0.853x cuDNN (causal 0.727 -> '
+                    '0.839), 6 points 0.783 -> 0.832x'),
     WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
                   'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '
                   '(d128 causal) to 1.01x'),
@@ -624,8 +666,9 @@ attention_bwd = Switches(
 
 activation = Switches(
     "activation", 'activations (pydnn/ops/activation.py)',
-    PLAIN_ACCESS=((), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0); the others stream '
-                      '(evict-first); the reasons: pydnn/ops/activation.py'),
+    PLAIN_ACCESS=((1, 0), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0): RELU (1), SIGMOID (0) '
+                          '(ReLU backward fp32 297888 x 256 0.95x -> 1.00x PyTorch plain, H200); the others stream '
+                          '(evict-first); the reasons: pydnn/ops/activation.py'),
 )
 
 softmax = Switches(
@@ -644,10 +687,11 @@ tensor_ops = Switches(
     BROADCAST_ROWS_SCALAR=(True, 'map_rows with 1-element accesses for rows whose length or strides are not a '
                                  'multiple of the 16-byte vector (else map_strided: bias 8659 x 50083 fp32 at '
                                  '0.49x PyTorch, 1.02x with it, H200); the reasons: pydnn/ops/tensor_ops.py'),
-    PLAIN_BYTES=(40 << 20, 'dense ScaleTensor / AddTensor / OpTensor whose operands (output and inputs) total at '
-                           'most this many bytes keep the plain cache policy (map_contig HINT 0) instead of '
-                           'evict-first streaming: they fit in L2 (50 MB on the H100 / H200); 0: always stream; '
-                           'the reasons: pydnn/ops/tensor_ops.py'),
+    PLAIN_BYTES=(1 << 40, 'dense ScaleTensor / AddTensor / OpTensor whose operands (output and inputs) total at '
+                          'most this many bytes keep the plain cache policy (map_contig HINT 0) instead of '
+                          'evict-first streaming (1 TiB: all; 40 MiB, the L2, before session 32: OpTensor ADD fp32 '
+                          '5070 x 32768 0.95x -> 1.00x PyTorch plain, H200); 0: always stream; the reasons: '
+                          'pydnn/ops/tensor_ops.py'),
 )
 
 reduce = Switches(
@@ -829,6 +873,36 @@ torch = Switches(
                       "only (under CUDA graph capture the block takes the path without it: its NHWC-in / NCHW-out "
                       "max-pool backward took 191 us of GPU time where the NCHW window kernel takes ~20; H200). "
                       "False: the convolution's output back to NCHW before the batch norm, the casts by torch"),
+    BLOCK_LEAN=(True, "a fused block (FUSE_BLOCK) with its ReLU and max pool, in training: the backward's "
+                      "temporaries (the pool's and the batch norm's gradients, the NHWC gradient copies, the 16-bit "
+                      "weight / bias gradients before their cast) are pointers into one workspace buffer (the "
+                      "stream's kept one, tuning.torch.FAST_CALLS) instead of a torch allocation each, the "
+                      "parameters' casts (float32 <-> autocast's dtype) are pydnn.transform_tensor calls instead of "
+                      "Tensor.to, and the forward's 16-bit bias is a pointer into the workspace too: 11 torch "
+                      "operations fewer a step of the CNN demo (6 casts; 9 allocations, each cast's included; "
+                      "tests/torch/test_torch_block_lean_cpu.py, test_torch_step_work_cpu.py). On the H200 "
+                      "(tools/bench_cnn_step.py, mid-session run of session 32) its own effect was within the "
+                      "host's run-to-run spread: 1.054x PyTorch's step with it (one run), 1.096x / 1.028x without; "
+                      "the chain's 1.011x / 1.014x ran with it. False: the block's general path"),
+    LINEAR_LEAN=(False, "Linear under autocast with its casts folded (FOLD_CASTS), weights up to 2^18 elements (the "
+                       "host-bound CNN demo's classifier; not the GPT demo's projections): the float32 weight and "
+                       "bias cast "
+                       "by pydnn.transform_tensor instead of Tensor.to (the 16-bit bias into the workspace buffer, "
+                       "after the matmul's workspace), the bias added by pydnn.add_tensor instead of Tensor.add_, "
+                       "the weight / bias gradients cast back by transform_tensor: 5 torch operations and an "
+                       "allocation fewer a call (the same values: each cast rounds to nearest even, the bias sum is "
+                       "float math rounded once). Off: not yet run on the GPU (the mid-session run of session 32 had the "
+                       "tree before it; tests/torch/test_torch_block_lean_gpu.py compares it on and off)"),
+    FUSE_CHAIN=(True, "an nn.Sequential that pydnn.torch.convert(fuse=True) found made of fused conv + batch norm "
+                       "blocks (FUSE_BLOCK), nn.Flatten and Linear (the CNN demo's model) runs its training forward "
+                       "as one autograd Function (pydnn.torch.functional.ChainFunction: each stage's own forward and "
+                       "backward bodies, one node) once every stage has its call record, without hooks on any "
+                       "child: two Function entries and backward nodes and nine module calls fewer a CNN demo step "
+                       "(read by convert(fuse=True), which then gives the Sequential pydnn.torch's Sequential class, "
+                       "and at every call). Measured (H200, tools/bench_cnn_step.py, pydnn beside PyTorch in one "
+                       "process, interleaved; mid-session run of session 32): 1.011x / 1.014x PyTorch's step in two "
+                       "runs (pydnn's host time +82 / +114 us over PyTorch's) against 1.054x (+217 us) without it; "
+                       "the same values as module by module (GPU test): on"),
     FAST_CALLS=(True, "the bridge's per-call host path: each functional op keeps a call record per (input shape, "
                       "strides, dtype, device, options) holding what its checks and plan lookups found the first "
                       "time (descriptors, output shapes and strides, workspace sizes, the convolution's plans), so "

@@ -4,7 +4,8 @@ chosen variant list), cuDNN SDPA in the same run:
   python3 tools/bench_attention_bwd.py [--shapes 4x4096x32x32x128,...] [--variants bulk,bulk+ord,...]
                                        [--det 0] [--reps N] [--out FILE]
 
-A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)
+A variant ending in "+np" runs the backward's memory passes in attention.cu's form (tuning.attention_bwd.PREP_VEC
+off: bwd_pre / bwd_dq_convert, a warp a row) instead of ptx/attention_prep.cu's. A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)
 with optional "+ord" (tuning.attention_bwd.WS_ORDER: the longest-walk-first 1-d grid) and "+3st" (WS_STAGES 3
 where instantiated, d 128 bulk / bulkw), or "old" (the older wgmma kernel), or "default" (tuning's defaults). TFLOP/s count 2.5x the forward's
 FLOPs (half under the causal mask).
@@ -22,6 +23,8 @@ import bench_attention as BA  # noqa: E402
 
 
 def overrides(name):
+    if name.endswith("+np"):  # any variant with the backward's memory passes in attention.cu's form (PREP_VEC off)
+        return {**overrides(name[:-3]), "attention_bwd.PREP_VEC": False}
     if name == "old":
         return {"attention_bwd.WS": False}
     if name == "default":  # the warp-specialized kernel with tuning's defaults
@@ -38,10 +41,13 @@ def overrides(name):
     return over
 
 
-def kernels(shapes, reps=5):
+def kernels(shapes, reps=5, dets=(0, 1)):
+    """Per-kernel mean times (torch.profiler) of pydnn's backward (deterministic in dets; det 0 with the memory
+    passes in both forms, tuning.attention_bwd.PREP_VEC) and of cuDNN SDPA's, causal and not."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     import pydnn
+    from pydnn import tuning
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     bf = pydnn.PYDNN_DATA_BFLOAT16
@@ -59,7 +65,7 @@ def kernels(shapes, reps=5):
             pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to, o.data_ptr(),
                                     tl, lse.data_ptr(), None, None, None, 0)
             flops = 2.5 * 4 * bb * hq * s * s * d * (0.5 if causal else 1.0)
-            for det in (0, 1):
+            for det, vec in ((dt, vc) for dt in dets for vc in ((True, False) if dt == 0 else (True,))):
                 ws_n = pydnn.get_attention_backward_workspace_size(h, a, tq, tk)
                 ws = torch.empty(max(ws_n, 16), dtype=torch.uint8, device="cuda")
 
@@ -67,12 +73,13 @@ def kernels(shapes, reps=5):
                     pydnn.attention_backward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to,
                                              o.data_ptr(), to, do.data_ptr(), tl, lse.data_ptr(), tq, dq.data_ptr(),
                                              tk, dk.data_ptr(), tv, dv.data_ptr(), None, None, det, ws.data_ptr(), ws_n)
-                bwd()
-                torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(reps):
-                        bwd()
+                with tuning.override({"attention_bwd.PREP_VEC": vec}):
+                    bwd()
                     torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        for _ in range(reps):
+                            bwd()
+                        torch.cuda.synchronize()
                 tot = {}
                 for e in prof.events():
                     if e.device_type.name == "CUDA":
@@ -80,8 +87,33 @@ def kernels(shapes, reps=5):
                         tot[n] = tot.get(n, 0.0) + e.device_time / 1e3 / reps
                 parts = ", ".join(f"{n} {ms:.3f} ms" for n, ms in sorted(tot.items(), key=lambda x: -x[1]))
                 ker = max(tot.values()) if tot else float("nan")
-                print(f"b{bb} s{s} h{hq}/{hkv} d{d}{' causal' if causal else ''} det={det}: {parts}; "
+                print(f"b{bb} s{s} h{hq}/{hkv} d{d}{' causal' if causal else ''} det={det}"
+                      f"{'' if vec else ' (PREP_VEC off)'}: {parts}; total {sum(tot.values()):.3f} ms; "
                       f"largest kernel {flops / ker / 1e9:.0f} TF/s (backward FLOPs)", flush=True)
+            # cuDNN SDPA's backward in the same process: its kernels (autograd.grad of the output)
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal,
+                                                                       enable_gqa=hq != hkv)
+
+                def cbwd():
+                    torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
+                cbwd()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(reps):
+                        cbwd()
+                    torch.cuda.synchronize()
+            tot = {}
+            for e in prof.events():
+                if e.device_type.name == "CUDA":
+                    n = e.name[:60]
+                    tot[n] = tot.get(n, 0.0) + e.device_time / 1e3 / reps
+            parts = ", ".join(f"{n} {ms:.3f} ms" for n, ms in sorted(tot.items(), key=lambda x: -x[1]))
+            print(f"b{bb} s{s} h{hq}/{hkv} d{d}{' causal' if causal else ''} cuDNN: {parts}; total "
+                  f"{sum(tot.values()):.3f} ms", flush=True)
+            del out, qq, kk, vv
         del q, k, v, o, do, dq, dk, dv, lse
         torch.cuda.empty_cache()
 
@@ -97,7 +129,7 @@ def main():
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     if a.kernels:
-        kernels(shapes, a.reps or 5)
+        kernels(shapes, a.reps or 5, tuple(int(x) for x in a.det.split(",")))
         return
     variants = tuple((v, overrides(v)) for v in a.variants.split(","))
     for det in (int(x) for x in a.det.split(",")):

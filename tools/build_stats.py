@@ -10,6 +10,13 @@ time by its units' name-expression counts; --all (the default without --sample) 
 come from compiling too (what the build would write). --cached reads sizes from the existing cache instead
 of compiling (no timing). --rare includes the first-use units (KernelUnit.install=False).
 
+    python tools/build_stats.py --model [--jobs 2] [--scale 0.72] [--families]
+
+--model replays this tree's default install (sm_80 + sm_90, the shared NVVM pass's pairing as the build makes
+it) on the build's own cost model (build._job_cost: unit_costs.py scaled by instantiations), `jobs` workers
+longest first, and prints the end in model seconds and x --scale (default CALIBRATION: the host's measured
+2-core seconds per model second).
+
     python tools/build_stats.py --predict sm80.json sm90.json [--jobs 2] [--scale 0.7]
     python tools/build_stats.py --write-costs sm80.json sm90.json
 
@@ -52,7 +59,9 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--procs", type=int, default=1, help="time the units in this many worker processes at once "
                     "(each unit's CPU seconds are its worker's; for a wide, otherwise idle machine)")
-    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--scale", type=float, default=None)
+    ap.add_argument("--model", action="store_true", help="replay this tree's default install on the cost model")
+    ap.add_argument("--families", action="store_true", help="with --model: each job's model seconds, the build's order")
     ap.add_argument("--check-shared", action="store_true", help="for every unit that shares one NVVM pass "
                     "(pydnn/_build/ptxas.py): NVRTC for sm_80 (+PTX) and for sm_90, ptxas of the PTX for sm_90; "
                     "CPU seconds of each, and whether every kernel's SASS (.text) is the same both ways")
@@ -62,6 +71,10 @@ def main(argv=None):
     ap.add_argument("--phases", action="store_true", help="NVRTC's own split of each unit (--time): front end, "
                     "NVVM optimizer, PTX to SASS, in ms of wall (one compile at a time: ~ CPU)")
     args = ap.parse_args(argv)
+    if args.model:
+        return model(args.jobs, CALIBRATION if args.scale is None else args.scale, args.families)
+    if args.scale is None:
+        args.scale = 1.0
     if args.predict:
         return predict(args.predict, args.jobs, args.scale)
     if args.write_costs:
@@ -398,6 +411,30 @@ def schedule(costs, jobs):
     for _, sec in costs:
         heapq.heapreplace(free, free[0] + sec)
     return max(free)
+
+
+# Measured 2-core wall per model second (--model's end): 346 s on the H200 host (cores 62,63 alone, NVRTC 13.0,
+# session 31's final call F1 at 2f3a5a0) against 479.0 model s for that tree (with the split parts' home costs and
+# session 32's measured costs of the units the SASS-size model had guessed).
+CALIBRATION = 346.0 / 479.0
+
+
+def model(jobs=2, scale=CALIBRATION, families=False):
+    from pydnn._build import build, ptxas
+
+    todo = [(u, a) for a in build.DEFAULT_ARCHS for u in manifest.install_units(a)
+            if manifest.unit_arch(u, a) is not None]
+    work = sorted(build._pair_jobs(todo), key=lambda j: -build._job_cost(j))
+    costs = [(f"{u.name} {a}{' + ' + b + ' (ptxas)' if b else ''}", build._job_cost((u, a, b))) for u, a, b in work]
+    total = sum(c for _, c in costs)
+    end = schedule(costs, jobs)
+    if families:
+        for name, c in costs:
+            print(f"{c:8.2f}  {name}")
+    print(f"{len(todo)} install units of {', '.join(build.DEFAULT_ARCHS)} in {len(work)} jobs (ptxas "
+          f"{'found' if ptxas.find() else 'not found: no shared NVVM pass'}); model CPU s {total:.1f}, replayed on "
+          f"{jobs} cores longest first: ends at {end:.1f} model s; x {scale:.4f} = {end * scale:.0f} s predicted")
+    return dict(units=len(todo), jobs=len(work), sum=total, end=end, predicted=end * scale)
 
 
 def predict(paths, jobs=2, scale=1.0):

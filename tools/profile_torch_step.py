@@ -185,13 +185,15 @@ def rnn_setup(backend, dev):
 CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
              "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16",
              "matmul.wgmmas.bf16", "pooling.bf16", "tensor_ops.transform.h16", "convolution.tma.bf16",
-             "tensor_ops.transform.f32")  # (tuning.torch.BLOCK_NHWC: the float32 weight cast in its NHWC transform)
+             "tensor_ops.transform.f32",  # (tuning.torch.BLOCK_NHWC: the float32 weight cast in its NHWC transform)
+             "tensor_ops.h16", "tensor_ops.rows.h16")  # (tuning.torch.LINEAR_LEAN: the bias by add_tensor)
 # The GPT demo's (default size, 64 x 1024 tokens; the same stub replay over tools/profile_torch_host_cpu.py
 # --demo gpt --batch 64), with the units its variants take: LINEAR_DW_SPLITK (convolution.wgrad: wgrad_tc_wgmma
 # + wgrad_fold), LINEAR_DW_KSPLIT (the batched dW on gemm_tma / gemm_wgmma_p) and the split-K matmul; and
 # attention.ws_bwd, which the stub cannot show (its driver encodes no tensor maps, so the replay's backward
-# falls back to attn_wgb; a GPU runs bwd_ws)
-GPT_UNITS = ("activation.h16", "attention.bf16", "attention.wgmma_bwd.bf16", "attention.ws.bf16",
+# falls back to attn_wgb; a GPU runs bwd_ws); the forward at d 64: attention.ws.gh (TMA: WS_C3 + WS_GH + WS_AL),
+# attention.ws.q2 (cp.async where TMA is refused)
+GPT_UNITS = ("activation.h16", "attention.bf16", "attention.wgmma_bwd.bf16", "attention.ws.gh.bf16", "attention.ws.q2.bf16",
              "attention.ws_bwd.bf16", "matmul.bf16.tn",
              "matmul.tma.bf16", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "normalization.f32",
              "convolution.wgrad.bf16")

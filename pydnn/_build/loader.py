@@ -71,8 +71,40 @@ def load_unit(arch, unit):
             "pydnn: compiling kernel unit %s for %s (%s)", unit.name, arch, why)
         from .build import compile_unit
 
-        entry = compile_unit(unit, arch, _nv)
+        others = _together(arch, unit)
+        if not others:
+            return compile_unit(unit, arch, _nv)
+        # a `together` rule's units (rare.py: e.g. grouped convolutions): all of this data type now, in parallel
+        # (NVRTC releases the GIL), so that a model's first step waits for the longest, not for their sum
+        from concurrent.futures import ThreadPoolExecutor
+        from .build import _usable_cpus
+
+        for u in others:
+            log.warning("pydnn: compiling kernel unit %s for %s (first use, with %s: not built at install)",
+                        u.name, arch, unit.name)
+        with ThreadPoolExecutor(max_workers=min(len(others) + 1, max(1, _usable_cpus()))) as pool:
+            futs = [pool.submit(compile_unit, u, arch, _nv) for u in (unit, *others)]
+            entry = futs[0].result()
+            for f in futs[1:]:
+                f.result()
     return entry
+
+
+def _together(arch, unit):
+    """The other first-use units of `unit`'s together group (rare.together_key) that `arch` lacks in the cache."""
+    from .rare import together_key
+
+    key = together_key(unit)
+    if key is None:
+        return []
+    out = []
+    for u in _tables(arch)[0].values():
+        target = unit_arch(u, arch)
+        if u.name == unit.name or target is None or together_key(u) != key:
+            continue
+        if cache.read_entry(cache.entry_path(u, target, cache.unit_key(u, target, _nv))) is None:
+            out.append(u)
+    return out
 
 
 def get_function(ctx, arch, unit_name, expr):

@@ -242,7 +242,48 @@ def kernel_units():
             + [KernelUnit(f"attention.dropx.{t}", "attention.cu", _unit_exprs(t, extra, (True,), False)) for t in tags]
             + [KernelUnit(f"attention.dec.{t}", "attention.cu", dec(t)) for t in tags]
             + [KernelUnit(f"attention.dec.paged.{t}", "attention.cu",
-                          tuple(_expr(k, t, d) for k in ("dec_paged", "dec_paged_pipe") for d in HEAD_DIMS)) for t in tags])
+                          tuple(_expr(k, t, d) for k in ("dec_paged", "dec_paged_pipe") for d in HEAD_DIMS)) for t in tags]
+            + _prep_units())
+
+
+# The backward's memory passes in 16-byte accesses (ptx/attention_prep.cu, units attention.prep.<tag>, every arch;
+# tuning.attention_bwd.PREP_VEC): bwd_pre_v / bwd_dq_convert_v, PREP_THREADS threads a block, prep_rows(d) rows.
+PREP_THREADS = 256
+PREP_RPT = 4
+
+
+def prep_rows(d):
+    """Prep<D>::ROWS: query rows a block of bwd_pre_v / bwd_dq_convert_v (D / 8 lanes a row, rounded up to a
+    power of two, PREP_RPT rows a thread)."""
+    ch = d // 8
+    tpr = 8 if ch <= 8 else (16 if ch <= 16 else 32)
+    return PREP_THREADS // tpr * PREP_RPT
+
+
+def prep_unit(tag):
+    return f"attention.prep.{tag}"
+
+
+def prep_expr(kernel, tag, d):
+    """kernel "bwd_pre_v" or "bwd_dq_convert_v"."""
+    t = "pydnn::bf16_t" if tag == "bf16" else "pydnn::half_t"
+    return f"pydnn::attn_prep::{kernel}<{t}, {d}>"
+
+
+def _prep_units():
+    return [KernelUnit(prep_unit(t), "attention_prep.cu",
+                       tuple(prep_expr(k, t, d) for d in HEAD_DIMS for k in ("bwd_pre_v", "bwd_dq_convert_v")))
+            for t in ("bf16", "f16")]
+
+
+def _launch_prep(handle, kernel, pr, rows, p):
+    """One of the backward's memory passes: the 16-byte form (PREP_VEC) or attention.cu's (a warp a row)."""
+    if tuning.attention_bwd.PREP_VEC:
+        f = handle.function(prep_unit(pr.tag), prep_expr(kernel, pr.tag, pr.d), 0)
+        driver.launch(f, (cdiv(rows, prep_rows(pr.d)), 1, 1), (PREP_THREADS, 1, 1), 0, handle.cu_stream, p)
+    else:
+        f, _ = _func(handle, kernel[:-2], pr)
+        _launch(handle, f, 0, (cdiv(rows, THREADS // 32), 1, 1), p)
 
 
 def smem_bytes(kernel, d, atomic=False, tile=None):
@@ -768,7 +809,6 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, f"stats: {lp:#x} is not 4-byte aligned")
     lq, lkv = _lens(seq_lens_q, "seqLensQ", pr.b, pr.sq), _lens(seq_lens_kv, "seqLensKV", pr.b, pr.skv)
     wp = _workspace(work_space, work_space_size_in_bytes, pr.ws[det == 0])
-    fpre, _ = _func(handle, "bwd_pre", pr)
     drop = a.dropout != 0
     # dK / dV (and the atomic dQ share) on wgmma where it runs (attention_wgmma_bwd.usable), else mma.sync
     wg = _wgb.usable(handle, pr.d, pr.tag, a.dropout)
@@ -781,7 +821,7 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
     p.lse, p.dsum, p.lens_q, p.lens_kv = lp, wp, lq or None, lkv or None
     p.dq_acc = None if det else wp + pr.ws[0]
     rows = pr.b * a.heads_q * pr.sq
-    _launch(handle, fpre, 0, (cdiv(rows, THREADS // 32), 1, 1), p)
+    _launch_prep(handle, "bwd_pre_v", pr, rows, p)
     if wg:  # the warp-specialized dK / dV kernel where it takes the call (attention_ws_bwd.usable), else the older
         if not (_wsb.usable(handle, pr.d, pr.tag, a.dropout, p, not det)
                 and _wsb.launch_dkdv(handle, pr.tag, pr.d, not det, pr.b, a.heads_kv, pr.skv, p)):
@@ -797,8 +837,7 @@ def attention_backward(handle, attn_desc, q_desc, q, k_desc, k, v_desc, v, o_des
         fq, sq_smem = _func(handle, "bwd_dq", pr, drop)
         _launch(handle, fq, sq_smem, (cdiv(pr.sq, BWD_M), a.heads_q, pr.b), p)
     else:
-        fc, _ = _func(handle, "bwd_dq_convert", pr)
-        _launch(handle, fc, 0, (cdiv(rows, THREADS // 32), 1, 1), p)
+        _launch_prep(handle, "bwd_dq_convert_v", pr, rows, p)
 
 
 def _wgmma_forward(handle, a, pr, p):

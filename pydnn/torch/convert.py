@@ -155,13 +155,28 @@ def _fuse_mlps(model, report):
             report.fused.append((f"{name}.{a}" if name else a, f"gelu + {name}.{c}" if name else f"gelu + {c}"))
 
 
+def _chain_sequentials(model, report):
+    """Every nn.Sequential (exact type) whose children make a chain (pydnn.torch.functional.chain_stages: fused
+    conv + batch norm blocks, Flatten, Linear) becomes pydnn.torch.modules.Sequential in place (its class only:
+    children, parameters and state_dict keys unchanged); its training forward then runs the stages as one
+    autograd node under tuning.torch.FUSE_CHAIN."""
+    from .functional import chain_stages
+    for name, seq in list(model.named_modules()):
+        if type(seq) is nn.Sequential and chain_stages(tuple(seq._modules.values())) is not None:
+            seq.__class__ = M.Sequential
+            report.fused.append((name or "(model)", "chain"))
+
+
 def convert(model, fuse=False):
     """Swap every supported module of `model` (exact PyTorch types) in place; returns a ConvertReport. The
     root cannot be replaced in place: a supported root type is reported as kept (construct
     pydnn.torch.<Class> for a single module). fuse=True also fuses Conv + ReLU / Sigmoid / Tanh and
     BatchNorm + ReLU pairs of nn.Sequential containers (the activation replaced by nn.Identity), and a
     BatchNorm2d's following MaxPool2d into it (one autograd node in training; the pool replaced by
-    nn.Identity), a Conv2d's following BatchNorm2d into it (_fuse_blocks: one node in training), and with tuning.torch.FUSE_MLP a Linear -> GELU -> Linear block without biases (_fuse_mlps)."""
+    nn.Identity), a Conv2d's following BatchNorm2d into it (_fuse_blocks: one node in training), with
+    tuning.torch.FUSE_MLP a Linear -> GELU -> Linear block without biases (_fuse_mlps), and with
+    tuning.torch.FUSE_CHAIN an nn.Sequential of such blocks, Flatten and Linear one node in training
+    (_chain_sequentials)."""
     report = ConvertReport()
     for name, mod in list(model.named_modules()):
         for cname, child in list(mod.named_children()):
@@ -176,6 +191,8 @@ def convert(model, fuse=False):
         _fuse_blocks(model, report)
         if tuning.torch.FUSE_MLP:
             _fuse_mlps(model, report)
+        if tuning.torch.FUSE_CHAIN:
+            _chain_sequentials(model, report)
     pyd = set(SWAPS.values()) | {nn.Identity}
     for name, mod in model.named_modules():
         t = type(mod)

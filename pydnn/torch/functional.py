@@ -486,7 +486,7 @@ class _BnRec:
     strides, and the training forms' sizes: one buffer holds the saved mean / inverse std, the Ex forms'
     reserve space and the forward's workspace (offsets into it), so a training forward allocates y and that."""
     __slots__ = ("xd", "yd", "pd", "pdt", "c", "y_stride", "relu", "nws", "nrs", "rs_off", "ws_off", "nbuf",
-                 "bwd", "pool")
+                 "bwd", "pool", "lean")
 
 
 def _bn_rec(h, x, training, relu):
@@ -499,7 +499,7 @@ def _bn_rec(h, x, training, relu):
     r.c = c = x.shape[1]
     r.pdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     r.pd = C.tensor_desc(r.pdt, (1, c) + (1,) * (len(dims) - 2), (c,) + (1,) * (len(dims) - 1))
-    r.relu, r.nws, r.nrs, r.bwd, r.pool = relu, 0, 0, {}, None
+    r.relu, r.nws, r.nrs, r.bwd, r.pool, r.lean = relu, 0, 0, {}, None, {}
     if training and relu:
         ad, ops = activation_desc("relu"), pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION
         mode = pydnn.PYDNN_BATCHNORM_SPATIAL
@@ -735,7 +735,7 @@ class _BlockRec:
     """A conv + batch-norm call's record (tuning.torch.FUSE_BLOCK): the compute dtype (dt: autocast's, the
     parameters cast to it inside the Function), the convolution's record and the batch norm's (with its
     fused ReLU and max pool)."""
-    __slots__ = ("dt", "conv", "bn", "nhwc", "w32d", "bn_c")
+    __slots__ = ("dt", "conv", "bn", "nhwc", "w32d", "bn_c", "lean")
 
 
 def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
@@ -778,6 +778,7 @@ def _block_rec(x, weight, bias, spec, bn_params, relu, pool):
         r.w32d = (C.tensor_desc(weight.dtype, tuple(weight.shape), weight.stride())
                   if r.nhwc and weight.dtype is not dt and weight.dtype in C.DTYPES and not r.conv.wcopy
                   and weight.is_contiguous() else None)
+        r.lean = _lean_fwd_plan(r, x, weight, bias, relu, pool)
     except (Unsupported, pydnn.PydnnError):  # the calls in sequence: their own fallbacks or errors
         return False
     return r
@@ -814,6 +815,239 @@ def _block_bwd_nhwc(h, rec, y_stride, xh, wh, dy, need_x, need_w, need_b, w_dt):
     return dx, dw, db
 
 
+# ------------------------------------------------------------- the block's lean path (tuning.torch.BLOCK_LEAN)
+# Why: the CNN demo's eager step is host-bound (GPU idle ~74% of pydnn's step, H200, session 31) and each torch
+# allocation / cast the bridge makes is a dispatcher call, a caching-allocator lookup and (casts) a kernel launch
+# of PyTorch's. The block's backward temporaries only live inside its backward, and every pydnn call takes int
+# pointers: they are carved from one workspace buffer (C.workspace: the stream's kept buffer eagerly, a fresh one
+# under capture), laid out [the calls' largest workspace | temporaries], so no call's workspace overlaps them.
+_LEAN_ALIGN = 256
+
+
+class _LeanFwd:
+    """What the block's lean forward needs beyond its record: the float32 <-> compute-dtype descriptors of the
+    parameters' casts (None: no cast) and the scratch layout of the forward (the convolution's workspace, then
+    the 16-bit bias)."""
+    __slots__ = ("b32d", "w32d", "w16d", "b_off", "total")
+
+
+def _lean_fwd_plan(r, x, weight, bias, relu, pool):
+    """The block's _LeanFwd, or None where the lean path does not apply (no ReLU or max pool, a convolution on
+    NHWC copies without BLOCK_NHWC, a strided / non-float weight or bias)."""
+    conv = r.conv
+    if not (relu and pool is not None and (r.nhwc or not conv.ph) and conv.act is None and not conv.wcopy
+            and conv.fmt == pydnn.PYDNN_TENSOR_NCHW and weight.is_contiguous()
+            and weight.dtype in C.DTYPES and (bias is None or (bias.dtype in C.DTYPES and bias.dim() == 1
+                                                               and bias.is_contiguous()))):
+        return None
+    dt = r.dt
+    lf = _LeanFwd()
+    cp = conv.pl.nhwc if r.nhwc else conv.pl
+    k = weight.shape[0]
+    lf.b32d = (C.tensor_desc(bias.dtype, (1, k, 1, 1), (k, 1, 1, 1))
+               if bias is not None and bias.dtype is not dt else None)
+    packed = torch.empty(tuple(weight.shape), dtype=dt, device=weight.device).stride()
+    lf.w32d = C.tensor_desc(weight.dtype, tuple(weight.shape), weight.stride()) if weight.dtype is not dt else None
+    lf.w16d = C.tensor_desc(dt, tuple(weight.shape), packed)
+    lf.b_off = _align(cp.fwd_ws, _LEAN_ALIGN)
+    lf.total = lf.b_off + (_align(k * x.element_size(), _LEAN_ALIGN) if lf.b32d is not None else 0)
+    return lf
+
+
+def _block_fwd_lean(h, rec, lf, x, w, b):
+    """The block's convolution (BLOCK_LEAN): (y, the tensors its backward needs, ctx.nhwc). The bias cast into
+    the workspace buffer (after the convolution's own workspace), the weight cast by transform_tensor (into the
+    NHWC copy under BLOCK_NHWC, else into a packed 16-bit filter kept for the backward)."""
+    conv, dt = rec.conv, rec.dt
+    pl = conv.pl
+    ws, sp = C.workspace(lf.total, x.device)
+    if b is None:
+        bp = 0
+    elif lf.b32d is not None:
+        bp = sp + lf.b_off
+        pydnn.transform_tensor(h, 1.0, lf.b32d, b.data_ptr(), 0.0, pl.bd, bp)
+    else:
+        bp = b.data_ptr()
+    if rec.nhwc:
+        cp = pl.nhwc
+        cl = torch.channels_last
+        xc = _transform(h, x, torch.empty_like(x, memory_format=cl), pl.xd, cp.xd)
+        wc = _transform(h, w, torch.empty(w.shape, dtype=dt, device=w.device, memory_format=cl),
+                        lf.w32d if lf.w32d is not None else pl.wtd, cp.wtd)
+        y = torch.empty(cp.y_shape, dtype=dt, device=x.device, memory_format=cl)
+    else:
+        cp = pl
+        xc = x
+        if lf.w32d is None:
+            wc = w
+        else:
+            wc = _transform(h, w, torch.empty(w.shape, dtype=dt, device=w.device), lf.w32d, lf.w16d)
+        y = _output_like(x, pl.y_shape)
+    wsp = sp if cp.fwd_ws else None
+    yp = y.data_ptr()
+    if bp:
+        try:
+            pydnn.convolution_bias_activation_forward(
+                h, 1.0, cp.xd, xc.data_ptr(), cp.wd, wc.data_ptr(), cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp,
+                cp.bd, bp, activation_desc("identity"), cp.yd, yp)
+        except pydnn.PydnnError as e:
+            if C.is_not_supported(e):
+                cp.fused_ok = False  # (the general path from now on: its unfused form)
+            raise
+    else:
+        pydnn.convolution_forward(h, 1.0, cp.xd, xc.data_ptr(), cp.wd, wc.data_ptr(), cp.cd, cp.fwd, wsp, cp.fwd_ws,
+                                  0.0, cp.yd, yp)
+    return y, (xc, wc, None), (2 if rec.nhwc else False)
+
+
+class _LeanBwd:
+    """The scratch layout of a block's lean backward for one (handle, needs) and its cast descriptors: offsets of
+    the pool's gradient (pdy), the batch norm's (bdx), the NHWC input gradient (dxh), the 16-bit weight / bias
+    gradients (dw16, db16; -1: not used), after `ws` bytes for the calls' own workspaces."""
+    __slots__ = ("nws_bn", "ws", "pdy", "bdx", "dxh", "dw16", "db16", "total", "db32d", "dw_to")
+
+
+def _lean_bwd_plan(h, rec, bn, x_bn, xc, wc, need, w_dt, b_dt):
+    """The block's _LeanBwd for these needs and parameter dtypes (made once), or False where the general path
+    takes the backward (a batch-norm output off the convolution output's strides, no ReLU / pool, a plain
+    convolution whose backward runs on NHWC copies, CONV_NHWC_BWD)."""
+    key = (h, need, w_dt, b_dt)
+    lb = bn.lean.get(key)
+    if lb is not None:
+        return lb
+    lb = False
+    conv = rec.conv
+    pl = conv.pl
+    xd = bn.xd
+    if rec.nhwc:
+        cp = pl.nhwc
+    else:
+        cp = pl
+        _bwd_algos(h, pl, pl.yd)
+        if pl.nhwc_ok is None:  # (as _conv_bwd asks it: x and w are the plan's)
+            pl.nhwc_ok = _nhwc_applies(xc, wc, conv.fmt, conv.spec)
+    ok = bn.y_stride == x_bn.stride() and bn.pool is not None and bn.relu
+    if ok and not rec.nhwc and (need[0] or need[1]) and tuning.torch.CONV_NHWC_BWD and pl.nhwc_ok:
+        ok = False  # (the general path's NHWC backward for this convolution)
+    if ok:
+        lb = _LeanBwd()
+        ad = activation_desc("relu")
+        ops, mode = pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, pydnn.PYDNN_BATCHNORM_SPATIAL
+        nws = bn.bwd.get((h, xd, xd))
+        if nws is None:
+            nws = bn.bwd[(h, xd, xd)] = pydnn.get_batch_normalization_backward_ex_workspace_size(
+                h, mode, ops, xd, None, xd, None, xd, bn.pd, ad)
+        lb.nws_bn = nws
+        ws = max(nws, cp.bwd_data_ws if need[0] else 0, cp.bwd_filter_ws if need[1] else 0)
+        off = lb.ws = _align(ws, _LEAN_ALIGN)
+        es = x_bn.element_size()
+        ybytes = x_bn.numel() * es
+
+        def take(n):
+            nonlocal off
+            o = off
+            off += _align(n, _LEAN_ALIGN)
+            return o
+        lb.pdy = take(ybytes)
+        lb.bdx = take(ybytes)
+        k = cp.y_shape[1]
+        lb.dxh = take(xc.numel() * es) if rec.nhwc and need[0] else -1
+        # the 16-bit weight gradient: NHWC (its transform to NCHW casts where rec.w32d has the descriptor), or
+        # the plain path's before its cast to the parameter's dtype
+        lb.dw_to = None
+        if need[1] and (rec.nhwc or (w_dt is not None and w_dt is not rec.dt)):
+            lb.dw16 = take(wc.numel() * es)
+            if not rec.nhwc:
+                lb.dw_to = C.tensor_desc(w_dt, tuple(wc.shape), wc.stride())  # (wc: packed NCHW, _lean_fwd_plan)
+        else:
+            lb.dw16 = -1
+        lb.db32d = None
+        if need[2] and b_dt is not None and b_dt is not rec.dt:
+            lb.db16 = take(k * es)
+            lb.db32d = C.tensor_desc(b_dt, (1, k, 1, 1), (k, 1, 1, 1))
+        else:
+            lb.db16 = -1
+        lb.total = off
+    bn.lean[key] = lb
+    return lb
+
+
+def _block_bwd_lean(ctx, h, dz, lb, saved):
+    """The block's backward (BLOCK_LEAN) on plan lb: the pool's backward, the batch norm's (Ex, ReLU mask from
+    the reserve space) and the convolution's, every temporary a pointer into one workspace buffer. saved: ctx's
+    saved tensors (each read of ctx.saved_tensors unpacks them again)."""
+    rec, bn = ctx.rec, ctx.bn
+    pr = bn.pool
+    n = ctx.needs_input_grad
+    xc, wc = saved[0], saved[1]
+    x, w, b, buf, y, z = saved[3:]
+    ws, sp = C.workspace(lb.total, dz.device)
+    pdy, bdx = sp + lb.pdy, sp + lb.bdx
+    pydnn.pooling_backward(h, pr.pd, 1.0, pr.yd, z.data_ptr(), pr.yd, dz.data_ptr(), pr.xd, y.data_ptr(), 0.0, pr.xd,
+                           pdy)
+    # two allocations: one (2, C) tensor unbound into two views took 7.4 us, two torch.empty 3.6 (CPU, C = 64)
+    dbn_w = torch.empty(w.shape, dtype=w.dtype, device=w.device)
+    dbn_b = torch.empty(w.shape, dtype=w.dtype, device=w.device)
+    smp = buf.data_ptr()
+    sip = smp + bn.c * (8 if bn.pdt == torch.float64 else 4)
+    xd = bn.xd
+    nws = lb.nws_bn
+    pydnn.batch_normalization_backward_ex(
+        h, pydnn.PYDNN_BATCHNORM_SPATIAL, pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, 1.0, 0.0, 1.0, 0.0, xd,
+        x.data_ptr(), None, None, xd, pdy, None, None, xd, bdx, bn.pd, w.data_ptr(), b.data_ptr(), dbn_w.data_ptr(),
+        dbn_b.data_ptr(), ctx.eps, smp, sip, activation_desc("relu"), sp if nws else None, nws, smp + bn.rs_off,
+        bn.nrs)
+    pl = rec.conv.pl
+    dx = dw = db = None
+    if rec.nhwc:
+        cp = pl.nhwc
+        if n[0]:
+            dxh = sp + lb.dxh
+            pydnn.convolution_backward_data(h, 1.0, cp.wd, wc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_data,
+                                            sp if cp.bwd_data_ws else None, cp.bwd_data_ws, 0.0, cp.xd, dxh)
+            dx = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device)
+            pydnn.transform_tensor(h, 1.0, cp.xd, dxh, 0.0, pl.xd, dx.data_ptr())
+        if n[1]:
+            dwh = sp + lb.dw16
+            pydnn.convolution_backward_filter(h, 1.0, cp.xd, xc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_filter,
+                                              sp if cp.bwd_filter_ws else None, cp.bwd_filter_ws, 0.0, cp.wd, dwh)
+            w_dt = ctx.w_dt
+            if rec.w32d is not None and w_dt is not None and w_dt is not wc.dtype:
+                dw = torch.empty(wc.shape, dtype=w_dt, device=wc.device)
+                pydnn.transform_tensor(h, 1.0, cp.wtd, dwh, 0.0, rec.w32d, dw.data_ptr())
+            else:
+                dw = torch.empty(wc.shape, dtype=wc.dtype, device=wc.device)
+                pydnn.transform_tensor(h, 1.0, cp.wtd, dwh, 0.0, pl.wtd, dw.data_ptr())
+    else:
+        cp = pl
+        if n[0]:
+            dx = _empty_like(xc)
+            pydnn.convolution_backward_data(h, 1.0, cp.wd, wc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_data,
+                                            sp if cp.bwd_data_ws else None, cp.bwd_data_ws, 0.0, cp.xd, dx.data_ptr())
+        if n[1]:
+            if lb.dw16 >= 0:
+                dwp = sp + lb.dw16
+                pydnn.convolution_backward_filter(h, 1.0, cp.xd, xc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_filter,
+                                                  sp if cp.bwd_filter_ws else None, cp.bwd_filter_ws, 0.0, cp.wd, dwp)
+                dw = torch.empty(wc.shape, dtype=ctx.w_dt, device=wc.device)
+                pydnn.transform_tensor(h, 1.0, rec.lean.w16d, dwp, 0.0, lb.dw_to, dw.data_ptr())
+            else:
+                dw = torch.empty_like(wc)
+                pydnn.convolution_backward_filter(h, 1.0, cp.xd, xc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_filter,
+                                                  sp if cp.bwd_filter_ws else None, cp.bwd_filter_ws, 0.0, cp.wd,
+                                                  dw.data_ptr())
+    if n[2] and ctx.b_dt is not None:
+        if lb.db16 >= 0:
+            dbp = sp + lb.db16
+            pydnn.convolution_backward_bias(h, 1.0, cp.yd, bdx, 0.0, pl.bd, dbp)
+            db = torch.empty(cp.y_shape[1], dtype=ctx.b_dt, device=dz.device)
+            pydnn.transform_tensor(h, 1.0, pl.bd, dbp, 0.0, lb.db32d, db.data_ptr())
+        else:
+            db = torch.empty(cp.y_shape[1], dtype=rec.dt, device=dz.device)
+            pydnn.convolution_backward_bias(h, 1.0, cp.yd, bdx, 0.0, pl.bd, db.data_ptr())
+    return dx, dw, db, dbn_w, dbn_b
+
+
 class ConvBatchNormFunction(torch.autograd.Function):
     """z = [max_pool](batch_norm[+relu](conv(x, w) + b)) in training, one autograd node (tuning.torch.FUSE_BLOCK,
     convert(fuse=True) of an nn.Sequential's Conv2d followed by a BatchNorm2d): the convolution's and the batch
@@ -826,7 +1060,6 @@ class ConvBatchNormFunction(torch.autograd.Function):
     def forward(ctx, x, w, b, bn_w, bn_b, running_mean, running_var, factor, eps, rec):
         h = C.handle_for(x.device)
         dt = rec.dt
-        bc = b if (b is None or b.dtype is dt) else b.to(dt)
         bn = rec.bn
         # BLOCK_NHWC: x and w to NHWC copies (w cast there), the batch norm on the NHWC output. Eager only: its max
         # pool reads NHWC and writes NCHW, and that backward (p2_bwd) took 191 us of GPU time where the NCHW window
@@ -834,7 +1067,12 @@ class ConvBatchNormFunction(torch.autograd.Function):
         # spend
         if rec.nhwc and C.capturing():
             bn = rec.bn_c
-        if bn is rec.bn and rec.nhwc:
+        lf = rec.lean
+        if lf is not None and bn is rec.bn and tuning.torch.BLOCK_LEAN and (
+                rec.conv.pl.nhwc if rec.nhwc else rec.conv.pl).fused_ok:
+            y, csaved, ctx.nhwc = _block_fwd_lean(h, rec, lf, x, w, b)
+        elif bn is rec.bn and rec.nhwc:
+            bc = b if (b is None or b.dtype is dt) else b.to(dt)
             pl = rec.conv.pl
             ph = pl.nhwc
             cl = torch.channels_last
@@ -850,9 +1088,12 @@ class ConvBatchNormFunction(torch.autograd.Function):
             y = _conv_forward(h, ph, xh, wh, bc, None)
             csaved, ctx.nhwc = (xh, wh, None), 2
         else:
+            bc = b if (b is None or b.dtype is dt) else b.to(dt)
             wc = w if w.dtype is dt else w.to(dt)
             y, csaved, ctx.nhwc = _conv_fwd(h, x, wc, bc, rec.conv)
         ctx.y_stride = y.stride()
+        # the lean backward's saved tensors are either forward's: (x or its NHWC copy, the 16-bit filter, None, ...)
+        ctx.lean = lf is not None and bn is rec.bn and ctx.nhwc is not True
         z, bsaved = _bn_fwd_train(h, y, bn_w, bn_b, running_mean, running_var, factor, eps, bn)
         ctx.save_for_backward(*csaved, *bsaved)
         ctx.rec, ctx.bn, ctx.eps, ctx.affine = rec, bn, eps, bn_w is not None
@@ -864,14 +1105,19 @@ class ConvBatchNormFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         rec = ctx.rec
         h = C.handle_for(dz.device)
-        dy, dbn_w, dbn_b = _bn_bwd_train(h, ctx.bn, saved[3:], ctx.eps, dz)
         n = ctx.needs_input_grad
-        if ctx.nhwc == 2:  # BLOCK_NHWC: dy is the NHWC output's gradient (the batch norm's input layout)
-            dx, dw, db = _block_bwd_nhwc(h, rec, ctx.y_stride, saved[0], saved[1], dy, n[0], n[1],
-                                         n[2] and ctx.b_dt is not None, ctx.w_dt)
+        lb = (_lean_bwd_plan(h, rec, ctx.bn, saved[3], saved[0], saved[1], tuple(n[:3]), ctx.w_dt, ctx.b_dt)
+              if ctx.lean and tuning.torch.BLOCK_LEAN and dz.stride() == ctx.bn.pool.y_stride else False)
+        if lb:
+            dx, dw, db, dbn_w, dbn_b = _block_bwd_lean(ctx, h, dz, lb, saved)
         else:
-            dx, dw, db = _conv_bwd(h, rec.conv, ctx.nhwc, ctx.y_stride, saved[:3], dy, n[0], n[1], n[2],
-                                   ctx.b_dt is not None)
+            dy, dbn_w, dbn_b = _bn_bwd_train(h, ctx.bn, saved[3:], ctx.eps, dz)
+            if ctx.nhwc == 2:  # BLOCK_NHWC: dy is the NHWC output's gradient (the batch norm's input layout)
+                dx, dw, db = _block_bwd_nhwc(h, rec, ctx.y_stride, saved[0], saved[1], dy, n[0], n[1],
+                                             n[2] and ctx.b_dt is not None, ctx.w_dt)
+            else:
+                dx, dw, db = _conv_bwd(h, rec.conv, ctx.nhwc, ctx.y_stride, saved[:3], dy, n[0], n[1], n[2],
+                                       ctx.b_dt is not None)
         if dw is not None and dw.dtype is not ctx.w_dt:
             dw = dw.to(ctx.w_dt)
         if db is not None and db.dtype is not ctx.b_dt:
@@ -882,6 +1128,13 @@ class ConvBatchNormFunction(torch.autograd.Function):
 
 
 _block_apply = C.applier(ConvBatchNormFunction)
+
+
+def _block_key(shape, strides, dtype, device, weight, bias, stride, padding, dilation, groups, activation, pool):
+    """The record key of a conv_batch_norm call on an input of (shape, strides, dtype, device)."""
+    return ("conv_bn", shape, strides, dtype, device, weight.shape, weight.stride(), weight.dtype,
+            None if bias is None else bias.dtype, stride, padding, dilation, groups, activation, pool,
+            _benchmark(), tuning.torch.CONV_NHWC_FWD, tuning.torch.FAST_CALLS, tuning.torch.BLOCK_NHWC)
 
 
 def conv_batch_norm(x, weight, bias, stride, padding, dilation, groups, running_mean, running_var, bn_weight,
@@ -895,9 +1148,8 @@ def conv_batch_norm(x, weight, bias, stride, padding, dilation, groups, running_
         ac = C.autocast_dtype()
         if ac is not None and C.on_cuda(x):
             x = C.cast(x, ac)
-        key = ("conv_bn", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
-               None if bias is None else bias.dtype, stride, padding, dilation, groups, activation, pool,
-               _benchmark(), tuning.torch.CONV_NHWC_FWD, tuning.torch.FAST_CALLS, tuning.torch.BLOCK_NHWC)
+        key = _block_key(x.shape, x.stride(), x.dtype, x.device, weight, bias, stride, padding, dilation, groups,
+                         activation, pool)
         try:
             rec = _recs.get(key)
         except TypeError:  # list arguments: no record
@@ -1725,12 +1977,39 @@ def _weight_grad(h, dy, x2, xd, wd=None):
 class _LinearRec:
     """A Linear call's record (FAST_CALLS): x as 2-d (whether it needs a copy), the descriptors, the split-K
     plan (or None) and the forward's matmul workspace size."""
-    __slots__ = ("flat", "xcopy", "wcopy", "d", "sk", "nws", "dt")
+    __slots__ = ("flat", "xcopy", "wcopy", "d", "sk", "nws", "dt", "lean")
+
+
+class _LinearLean:
+    """tuning.torch.LINEAR_LEAN: the descriptors of the folded casts (weight (n, k) and bias (1, n), float32 and the
+    compute dtype) and the forward's scratch layout ([the matmul's workspace | the 16-bit bias])."""
+    __slots__ = ("w32d", "w16d", "b32d", "b16d", "b_off", "total")
+
+
+# LINEAR_LEAN takes weights up to this many elements: it saves host time (the CNN demo's classifier, 10 x 8192),
+# while transform_tensor's GPU time on large weights against Tensor.to's is not measured (the GPT demo's
+# 768 x 3072 projections, a device-bound step, keep Tensor.to)
+_LINEAR_LEAN_MAX = 1 << 18
+
+
+def _linear_lean(w, b, dt, nws):
+    if not (w.dim() == 2 and w.numel() <= _LINEAR_LEAN_MAX and w.is_contiguous() and w.dtype in C.DTYPES
+            and w.dtype is not dt
+            and (b is None or (b.dim() == 1 and b.is_contiguous() and b.dtype in C.DTYPES and b.dtype is not dt))):
+        return None
+    n, k = w.shape
+    ll = _LinearLean()
+    ll.w32d, ll.w16d = C.tensor_desc(w.dtype, (n, k), (k, 1)), C.tensor_desc(dt, (n, k), (k, 1))
+    ll.b32d = C.tensor_desc(b.dtype, (1, n), (n, 1)) if b is not None else None
+    ll.b16d = C.tensor_desc(dt, (1, n), (n, 1))
+    ll.b_off = _align(nws, _LEAN_ALIGN)
+    ll.total = ll.b_off + _align(n * torch.empty(0, dtype=dt).element_size(), _LEAN_ALIGN)
+    return ll
 
 
 def _linear_rec(h, x2, w):
     r = _LinearRec()
-    r.dt = None
+    r.dt = r.lean = None
     m, k = x2.shape
     n = w.shape[0]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
@@ -1756,8 +2035,24 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, w, b, rec):
         h = C.handle_for(x2.device)
-        ctx.w_dt = ctx.b_dt = None
-        if rec.dt is not None:  # autocast's casts of the float32 parameters, without their autograd nodes
+        ctx.w_dt = ctx.b_dt = ctx.lean = None
+        has_bias, bp = b is not None, 0
+        ll = rec.lean
+        if (ll is not None and tuning.torch.LINEAR_LEAN and w.dtype is not rec.dt and w.is_contiguous()
+                and (b is None or b.dtype is not rec.dt)):
+            # LINEAR_LEAN: the casts by transform_tensor, the 16-bit bias in the workspace buffer after the
+            # matmul's own workspace (asked first: _matmul's C.workspace then returns the same buffer), added by
+            # pydnn.add_tensor (float math, rounded once: Tensor.add_'s value)
+            ws0, sp = C.workspace(ll.total, x2.device)
+            ctx.w_dt, ctx.lean = w.dtype, ll
+            wl = torch.empty(w.shape, dtype=rec.dt, device=w.device)
+            pydnn.transform_tensor(h, 1.0, ll.w32d, w.data_ptr(), 0.0, ll.w16d, wl.data_ptr())
+            w = wl
+            if b is not None:
+                ctx.b_dt, bp = b.dtype, sp + ll.b_off
+                pydnn.transform_tensor(h, 1.0, ll.b32d, b.data_ptr(), 0.0, ll.b16d, bp)
+                b = None  # (added from bp below)
+        elif rec.dt is not None:  # autocast's casts of the float32 parameters, without their autograd nodes
             if w.dtype is not rec.dt:
                 ctx.w_dt, w = w.dtype, w.to(rec.dt)
             if b is not None and b.dtype is not rec.dt:
@@ -1778,10 +2073,12 @@ class LinearFunction(torch.autograd.Function):
                                               cw, y.data_ptr())
         else:
             _matmul(h, d[0], x2, d[1], w, d[2], y, rec.nws)
-        if b is not None:
+        if bp:
+            pydnn.add_tensor(h, 1.0, ctx.lean.b16d, bp, 1.0, d[2], y.data_ptr())
+        elif b is not None:
             y.add_(b)
         ctx.save_for_backward(x2, w)
-        ctx.has_bias, ctx.descs = b is not None, d
+        ctx.has_bias, ctx.descs = has_bias, d
         return y
 
     @staticmethod
@@ -1800,14 +2097,39 @@ class LinearFunction(torch.autograd.Function):
             dw = _weight_grad(h, dy, x2, xd, wd if w.is_contiguous() else None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
+        ll = ctx.lean
         if dw is not None and ctx.w_dt is not None:
-            dw = dw.to(ctx.w_dt)
+            if ll is not None and dw.is_contiguous():  # (LINEAR_LEAN: the cast back by transform_tensor)
+                d32 = torch.empty(dw.shape, dtype=ctx.w_dt, device=dw.device)
+                pydnn.transform_tensor(h, 1.0, ll.w16d, dw.data_ptr(), 0.0, ll.w32d, d32.data_ptr())
+                dw = d32
+            else:
+                dw = dw.to(ctx.w_dt)
         if db is not None and ctx.b_dt is not None:
-            db = db.to(ctx.b_dt)
+            if ll is not None and db.is_contiguous():
+                d32 = torch.empty(db.shape, dtype=ctx.b_dt, device=db.device)
+                pydnn.transform_tensor(h, 1.0, ll.b16d, db.data_ptr(), 0.0, ll.b32d, d32.data_ptr())
+                db = d32
+            else:
+                db = db.to(ctx.b_dt)
         return dx, dw, db, None
 
 
 _linear_apply = C.applier(LinearFunction)
+
+
+def _linear_key(shape, strides, dtype, device, weight, bias, fold):
+    """The record key of a linear call on an input of (shape, strides, dtype, device) (fold: FOLD_CASTS' dtype)."""
+    return ("linear", shape, strides, dtype, device, weight.shape, weight.stride(), weight.dtype, weight.device,
+            None if bias is None else (bias.dtype, bias.device), tuning.torch.LINEAR_FWD_SPLITK, fold)
+
+
+def _linear_fold(x, weight, bias, ac):
+    """The dtype LinearFunction casts the parameters to under autocast (tuning.torch.FOLD_CASTS), or None."""
+    if (ac is not None and tuning.torch.FOLD_CASTS and weight.dtype in C.DTYPES and weight.dtype is not ac
+            and (bias is None or bias.dtype in C.DTYPES) and C.on_cuda(weight, bias)):
+        return ac
+    return None
 
 
 def linear(x, weight, bias=None):
@@ -1821,15 +2143,12 @@ def linear(x, weight, bias=None):
     fold = None  # the dtype the Function casts the parameters to (tuning.torch.FOLD_CASTS)
     if ac is not None and C.on_cuda(x):
         x = C.cast(x, ac)
-        if (sw.FOLD_CASTS and weight.dtype in C.DTYPES and weight.dtype is not ac
-                and (bias is None or bias.dtype in C.DTYPES) and C.on_cuda(weight, bias)):
-            fold = ac
-        else:
+        fold = _linear_fold(x, weight, bias, ac)
+        if fold is None:
             weight, bias = C.cast(weight, ac), C.cast(bias, ac)
     fast = sw.FAST_CALLS
     if fast:
-        key = ("linear", x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
-               weight.device, None if bias is None else (bias.dtype, bias.device), sw.LINEAR_FWD_SPLITK, fold)
+        key = _linear_key(x.shape, x.stride(), x.dtype, x.device, weight, bias, fold)
         rec = _recs.get(key)
         if rec is not None:
             try:
@@ -1862,6 +2181,8 @@ def linear(x, weight, bias=None):
         w = wc.contiguous()
         rec = _linear_rec(C.handle_for(x2.device), x2, w)
         rec.flat, rec.xcopy, rec.wcopy, rec.dt = flat, xcopy, w is not wc, fold
+        if fold is not None:
+            rec.lean = _linear_lean(weight, bias, fold, max(rec.nws, rec.sk[5] if rec.sk else 0))
         y = _linear_apply(x2, weight, bias, rec)
         if fast:
             _recs[key] = rec
@@ -2006,3 +2327,196 @@ def mlp(x, w1, w2, approximate="none"):
             raise
         return unfused()
     return y.view(*x.shape[:-1], w2.shape[0])
+
+
+# ============================================================ a Sequential's fused stages, one node (FUSE_CHAIN)
+# Why: each autograd Function costs its apply and its backward node (C++ -> Python, the saved tensors' unpack, the
+# returned gradients' checks: ~9 + ~25 us a Function on the 2-core dev CPU, measured with trivial bodies), and each
+# module call of nn.Sequential ~1.5 us; the CNN demo's step had three Functions and ten module calls.
+class _Sub:
+    """The ctx a stage's Function body runs with inside ChainFunction: its attributes, its saved tensors and the
+    needs_input_grad of its own arguments."""
+
+    def __init__(self, needs):
+        self.needs_input_grad, self.saved_tensors = needs, ()
+
+    def save_for_backward(self, *ts):
+        self.saved_tensors = ts
+
+
+_ST_BLOCK, _ST_FLAT, _ST_LINEAR = 0, 1, 2
+
+
+class ChainFunction(torch.autograd.Function):
+    """A Sequential's stages (conv + batch norm blocks, a flatten, a Linear) in one autograd node: each stage's
+    forward and backward are ConvBatchNormFunction's / LinearFunction's own bodies run on a _Sub ctx, their saved
+    tensors saved together. plan: [(stage kind, record, number of tensor arguments, (factor, eps) or None)]."""
+
+    @staticmethod
+    def forward(ctx, plan, x, *ts):
+        need = ctx.needs_input_grad
+        hneed = need[1]
+        subs, saved, counts = [], [], []
+        h, i = x, 0
+        for kind, rec, n, extra in plan:
+            ni = need[2 + i:2 + i + n]
+            if kind == _ST_BLOCK:
+                s = _Sub((hneed,) + ni + (False, False, False))
+                h = ConvBatchNormFunction.forward(s, h, *ts[i:i + n], extra[0], extra[1], rec)
+            elif kind == _ST_FLAT:
+                s = _Sub(None)
+                s.shape = h.shape
+                h = h.flatten(1)
+            else:
+                s = _Sub((hneed,) + ni + (False,))
+                x2 = h.contiguous() if rec.xcopy else h
+                h = LinearFunction.forward(s, x2, *ts[i:i + n], rec)
+            i += n
+            hneed = hneed or any(ni)
+            subs.append(s)
+            saved.extend(s.saved_tensors)
+            counts.append(len(s.saved_tensors))
+        ctx.save_for_backward(*saved)
+        ctx.subs, ctx.counts, ctx.kinds = subs, counts, [p[0] for p in plan]
+        return h
+
+    @staticmethod
+    def backward(ctx, g):
+        saved = ctx.saved_tensors
+        j = len(saved)
+        grads = []
+        for s, n, kind in zip(reversed(ctx.subs), reversed(ctx.counts), reversed(ctx.kinds)):
+            s.saved_tensors = saved[j - n:j]
+            j -= n
+            if kind == _ST_BLOCK:
+                r = ConvBatchNormFunction.backward(s, g)
+                g = r[0]
+                grads.append(r[1:7])
+            elif kind == _ST_FLAT:
+                g = g.view(s.shape) if g is not None else None
+            else:
+                r = LinearFunction.backward(s, g)
+                g = r[0]
+                grads.append(r[1:3])
+            s.saved_tensors = ()
+        out = [None, g]
+        for gs in reversed(grads):
+            out.extend(gs)
+        return tuple(out)
+
+
+_chain_apply = C.applier(ChainFunction)
+
+
+def chain_stages(mods):
+    """The stages of a Sequential's children (convert(fuse=True)'s conv + batch norm blocks, nn.Flatten(1), a
+    pydnn Linear; nn.Identity and the blocks' absorbed batch norms pass through): [(kind, module(s))], or None
+    where a child is anything else or fewer than two stages compute."""
+    from . import modules as M
+    stages = []
+    for m in mods:
+        t = type(m)
+        if t is torch.nn.Identity or (t in (M.BatchNorm2d,) and m.__dict__.get("_absorbed")):
+            continue
+        bn = m.__dict__.get("_bn") if t is M.Conv2d else None
+        if bn is not None and m.padding_mode == "zeros" and bn.__dict__.get("_absorbed"):
+            stages.append((_ST_BLOCK, m, bn))
+        elif t is torch.nn.Flatten and m.start_dim == 1 and m.end_dim == -1:
+            stages.append((_ST_FLAT, m, None))
+        elif t is M.Linear and not m.__dict__.get("_mlp") and not m.__dict__.get("_mlp_tail"):
+            stages.append((_ST_LINEAR, m, None))
+        else:
+            return None
+    return stages if sum(k != _ST_FLAT for k, _, _ in stages) >= 2 else None
+
+
+def chain(seq, x):
+    """seq's forward in training as one ChainFunction, or None where it does not apply (the caller runs the
+    Sequential's own forward): each stage's record must exist (the first call of a shape goes module by module
+    and makes them) and take the fused path, no child may have hooks, x must be a dense CUDA tensor. The stages'
+    side effects (num_batches_tracked) happen only once the chain is sure to run."""
+    mods = tuple(seq._modules.values())
+    cached = seq.__dict__.get("_chain")
+    if cached is None or len(cached[0]) != len(mods) or any(a is not b for a, b in zip(cached[0], mods)):
+        cached = seq.__dict__["_chain"] = (mods, chain_stages(mods))
+    stages = cached[1]
+    if stages is None or not tuning.torch.FAST_CALLS or not C.on_cuda(x):
+        return None
+    mn = torch.nn.modules.module
+    if (mn._global_forward_hooks or mn._global_forward_pre_hooks or mn._global_backward_hooks
+            or mn._global_backward_pre_hooks):
+        return None
+    for m in mods:  # (a hooked child's hook would not run inside the chain)
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return None
+    ac = C.autocast_dtype()
+    if ac is not None:
+        x = C.cast(x, ac)
+    shape, strides, dtype, dev = x.shape, x.stride(), x.dtype, x.device
+    plan, ts, bns = [], [], []
+    for kind, m, bn in stages:
+        if kind == _ST_BLOCK:
+            if not (bn.training and tuning.torch.FUSE_BLOCK):
+                return None
+            p, q, bb = m._parameters, bn._parameters, bn._buffers
+            w, b, bw, bb_ = p.get("weight"), p.get("bias"), q.get("weight"), q.get("bias")
+            rm, rv = bb.get("running_mean"), bb.get("running_var")
+            if w is None or rm is None or rv is None or not bn.track_running_stats:
+                return None
+            try:
+                rec = _recs.get(_block_key(shape, strides, dtype, dev, w, b, m.stride, m.padding, m.dilation,
+                                           m.groups, getattr(bn, "activation", None), bn.__dict__.get("pool")))
+            except TypeError:
+                return None
+            if not rec or rec.bn.pool is None:
+                return None
+            pdt = rec.bn.pdt
+            for t in (bw, bb_, rm, rv):  # (_bn_params_ok's checks; on_cuda once for the chain, below)
+                if t is not None and (t.dtype != pdt or not t.is_contiguous()):
+                    return None
+            plan.append([_ST_BLOCK, rec, 6, bn])
+            ts += (w, b, bw, bb_, rm, rv)
+            pr = rec.bn.pool
+            shape, strides, dtype = torch.Size(pr.out), pr.y_stride, rec.dt
+        elif kind == _ST_FLAT:
+            if len(shape) < 2:
+                return None
+            plan.append([_ST_FLAT, None, 0, None])
+            n = 1
+            for d in shape[1:]:
+                n *= d
+            shape, strides = torch.Size((shape[0], n)), (n, 1)  # (the block's output: packed NCHW, a view)
+        else:
+            p = m._parameters
+            w, b = p.get("weight"), p.get("bias")
+            if w is None or len(shape) != 2 or not hasattr(pydnn, "matmul") or not getattr(
+                    sys.modules.get("pydnn.torch"), "linear_on_pydnn", True):
+                return None
+            fold = _linear_fold(None, w, b, ac)
+            if ac is not None and fold is None:
+                return None  # (the casts before the Function: the module's own path)
+            rec = _recs.get(_linear_key(shape, strides, dtype, dev, w, b, fold))
+            if not rec or rec.flat:
+                return None
+            plan.append([_ST_LINEAR, rec, 2, None])
+            ts += (w, b)
+            shape = torch.Size((shape[0], w.shape[0]))
+            strides, dtype = (w.shape[0], 1), rec.dt if rec.dt is not None else dtype
+    if not C.on_cuda(*ts):
+        return None
+    for st in plan:  # sure to run: the batch norms' counters and factors (as _BatchNormMixin._bn_state)
+        if st[0] == _ST_BLOCK:
+            bn = st[3]
+            _, _, _, factor = bn._bn_state()
+            st[3] = (float(factor), float(bn.eps))
+    try:
+        return _chain_apply(plan, x, *ts)
+    except pydnn.PydnnError as e:
+        if not C.is_not_supported(e):
+            raise
+        fallback(f"chain: {e} (the Sequential module by module)")
+        for kind, m, bn in stages:  # (the module path counts them again)
+            nbt = bn._buffers.get("num_batches_tracked") if kind == _ST_BLOCK else None
+            if nbt is not None:
+                nbt.sub_(1)
+        return None

@@ -6,15 +6,20 @@ pydnn.torch.fallbacks) where pydnn does not run a configuration.
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pydnn import tuning
+
 from . import _core as C
 from . import functional as PF
 from .rnn import GRU, LSTM, RNN
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm",
            "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Dropout",
-           "Linear", "MultiheadAttention", "Softmax", "LogSoftmax", "LSTM", "GRU", "RNN"]
+           "Linear", "MultiheadAttention", "Softmax", "LogSoftmax", "LSTM", "GRU", "RNN", "Sequential"]
 
 _FUSABLE = (None, "relu", "sigmoid", "tanh", "identity")
+# The per-step forwards read parameters and buffers from the module's _parameters / _buffers dicts, where
+# nn.Module.__getattr__ finds them, without its frame (18 a CNN demo step); a KeyError (a parametrization's
+# property, an attribute set by other means) reads them the usual way.
 
 
 class _ConvMixin:
@@ -31,9 +36,14 @@ class _ConvMixin:
         bn = self.__dict__.get("_bn")
         if bn is not None and self.padding_mode == "zeros":  # convert(fuse=True): the next BatchNorm's work too
             rm, rv, training, factor = bn._bn_state()
-            return PF.conv_batch_norm(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                                      self.groups, rm, rv, bn.weight, bn.bias, training, factor, bn.eps,
-                                      getattr(bn, "activation", None), bn.__dict__.get("pool"))
+            p, q = self._parameters, bn._parameters
+            try:
+                w, b, bw, bb = p["weight"], p["bias"], q["weight"], q["bias"]
+            except KeyError:
+                w, b, bw, bb = self.weight, self.bias, bn.weight, bn.bias
+            return PF.conv_batch_norm(x, w, b, self.stride, self.padding, self.dilation, self.groups, rm, rv, bw, bb,
+                                      training, factor, bn.eps, getattr(bn, "activation", None),
+                                      bn.__dict__.get("pool"))
         if self.padding_mode != "zeros":
             x = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode)
             return PF.conv(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups, act)
@@ -85,12 +95,17 @@ class _BatchNormMixin:
         """(running mean, running var, training, exponential average factor) of a call, as torch's
         _BatchNorm.forward finds them (num_batches_tracked counted here)."""
         factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-        bn_training = self.training or (self.running_mean is None and self.running_var is None)
-        rm = self.running_mean if not self.training or self.track_running_stats else None
-        rv = self.running_var if not self.training or self.track_running_stats else None
+        bufs = self._buffers
+        try:
+            nbt, rm, rv = bufs["num_batches_tracked"], bufs["running_mean"], bufs["running_var"]
+        except KeyError:
+            nbt, rm, rv = getattr(self, "num_batches_tracked", None), self.running_mean, self.running_var
+        if self.training and self.track_running_stats and nbt is not None:
+            nbt.add_(1)
+            factor = 1.0 / float(nbt) if self.momentum is None else self.momentum
+        bn_training = self.training or (rm is None and rv is None)
+        if self.training and not self.track_running_stats:
+            rm = rv = None
         return rm, rv, bn_training, factor
 
     def forward(self, x):
@@ -207,7 +222,25 @@ class Linear(nn.Linear):
             return PF.mlp(x, self.weight, nxt.weight, approximate)
         if self.__dict__.get("_mlp_tail"):
             return x
-        return PF.linear(x, self.weight, self.bias)
+        p = self._parameters
+        try:
+            w, b = p["weight"], p["bias"]
+        except KeyError:
+            w, b = self.weight, self.bias
+        return PF.linear(x, w, b)
+
+
+class Sequential(nn.Sequential):
+    """nn.Sequential whose training forward runs its fused stages as one autograd node where
+    pydnn.torch.functional.chain takes it (tuning.torch.FUSE_CHAIN; convert(fuse=True) gives this class to an
+    nn.Sequential of conv + batch norm blocks, Flatten and Linear); otherwise nn.Sequential's forward."""
+
+    def forward(self, input):  # noqa: A002 - nn.Sequential's name
+        if self.training and tuning.torch.FUSE_CHAIN:
+            y = PF.chain(self, input)
+            if y is not None:
+                return y
+        return super().forward(input)
 
 
 class MultiheadAttention(nn.MultiheadAttention):

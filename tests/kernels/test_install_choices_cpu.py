@@ -104,10 +104,41 @@ def test_attention_without_dropout_is_installed(record, arch, d, dtype, mask):
     got += record(arch, _attn_call(d, dtype, 512, 512, mask, True, det=1))
     got += record(arch, _attn_call(d, dtype, 512, 512, mask, True, det=0))
     assert_installed(arch, got)
-    with tuning.override({"attention.WS_TMA": True}):  # (the recording keeps the TMA launch off: its expr here)
-        if arch == "sm_90" and d in WS.HEAD_DIMS:
-            tag = "bf16" if dtype == BF16 else "f16"
-            assert_installed(arch, [(WS.unit_name(tag, d), WS._expr(tag, d, tma=True))])
+    if arch == "sm_90" and d in WS.HEAD_DIMS:   # (the recording keeps the TMA launch off: its pick here)
+        p = A.AttnParams()
+        p.mask = mask
+        assert_installed(arch, [WS.pick("bf16" if dtype == BF16 else "f16", d, p, True)[:2]])
+
+
+# the warp-specialized forward's switches that choose a unit (tuning.attention), all off: what the defaults
+# replaced (one Q buffer, two consumer warpgroups at d 64, no ghost tiles / end-aligned blocks)
+WS_OFF = {"attention.WS_Q2": False, "attention.WS_C3": False, "attention.WS_GH": {}, "attention.WS_AL": False,
+          "attention.WS_EMU": 0}
+
+
+@pytest.mark.parametrize("tag", ["bf16", "f16"])
+def test_warp_specialized_forward_defaults_installed_older_forms_first_use(tag):
+    """sm_90's forward at every head dim, mask, TMA producer or cp.async (per-batch key lengths): the defaults'
+    kernels are installed; the forms the defaults replaced (one Q buffer, d 64 on two warpgroups with TMA, three
+    without ghost tiles or without end-aligned blocks) compile on first use (rare.py), where they differ."""
+    arch, default, older = "sm_90", set(), set()
+    for d in WS.HEAD_DIMS:
+        for mask in (NONE, BR):
+            p = A.AttnParams()
+            p.mask = mask
+            for tma in (True, False):
+                default.add(WS.pick(tag, d, p, tma)[:2])
+                for off in [WS_OFF, {"attention.WS_C3": False, "attention.WS_EMU": 0}] + [{k: v} for k, v in
+                                                                                          WS_OFF.items()]:
+                    with tuning.override(off):
+                        older.add(WS.pick(tag, d, p, tma)[:2])
+    assert_installed(arch, sorted(default))
+    first = {(u, e) for u, e in older - default if not _where(arch, u, e).install}
+    # every older form is first use but d 256's one-Q-buffer kernels (attention.ws.d256: d 256 has no two-buffer
+    # form, and its TMA kernel without ghost tiles is the default of calls without a mask)
+    assert older - default - first <= {(WS.unit_name(tag, 256), WS._expr(tag, 256, tma=t)) for t in (True, False)}
+    assert {u for u, e in first} >= {f"attention.ws.{tag}", f"attention.ws.q2.{tag}", f"attention.ws.c3.{tag}",
+                                     f"attention.ws.gh.{tag}", f"attention.ws.emu.{tag}"}, first
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -227,16 +258,19 @@ CONV_LAYERS = [(32, 3, 64, 224, 7, 3, 2, 1), (32, 64, 64, 56, 1, 0, 1, 1), (32, 
                # channels (C, K not multiples of 64) and its stride-1 depthwise 3x3 over 32 channels at 112²
                (1, 64, 64, 56, 3, 1, 1, 1), (1, 512, 512, 7, 3, 1, 1, 1), (32, 24, 144, 56, 1, 0, 1, 1),
                (32, 144, 24, 56, 1, 0, 1, 1), (32, 32, 32, 112, 3, 1, 1, 32),
-               # ResNeXt-50 32x4d's grouped 3x3 (C/g 4, 8 with stride 2, 16, 32), a UNet head 1x1 64 -> 2 / 3 (K < 8)
-               (32, 128, 128, 56, 3, 1, 1, 32), (32, 256, 256, 56, 3, 1, 2, 32), (32, 512, 512, 14, 3, 1, 1, 32),
-               (32, 1024, 1024, 7, 3, 1, 1, 32), (8, 64, 2, 128, 1, 0, 1, 1), (8, 64, 3, 128, 1, 0, 1, 1),
+               # a UNet head 1x1 64 -> 2 / 3 (K < 8)
+               (8, 64, 2, 128, 1, 0, 1, 1), (8, 64, 3, 128, 1, 0, 1, 1),
                # layers whose tiles only they took in a scan of ResNet-50, MobileNet-v2, EfficientNet-B0, VGG-16, UNet
                # and ResNeXt at N 1 / 8 / 32 / 128 (rare.py's convolution rules): MobileNet-v2's 16 -> 96 expand at
-               # 112², its 96 -> 24 project, a 3x3 over 96 channels, a 3-channel stride-2 stem, a 96 -> 576 1x1, and
-               # grouped 3x3s with 2 / 4 / 32 groups
+               # 112², its 96 -> 24 project, a 3x3 over 96 channels, a 3-channel stride-2 stem, a 96 -> 576 1x1
                (1, 16, 96, 112, 1, 0, 1, 1), (32, 96, 24, 56, 1, 0, 1, 1), (1, 96, 32, 56, 3, 1, 1, 1),
-               (8, 3, 32, 224, 3, 1, 2, 1), (32, 96, 576, 14, 1, 0, 1, 1), (1, 224, 224, 56, 3, 1, 1, 2),
-               (1, 448, 448, 28, 3, 1, 2, 4), (128, 256, 256, 28, 3, 1, 2, 32)]
+               (8, 3, 32, 224, 3, 1, 2, 1), (32, 96, 576, 14, 1, 0, 1, 1)]
+# grouped convolutions (groups > 1, C/g >= 2): ResNeXt-50 32x4d's grouped 3x3 (C/g 4, 8 with stride 2, 16, 32),
+# grouped 3x3s with 2 / 4 / 32 groups; their kernels compile on first use since session 32 (rare.py)
+GROUPED_LAYERS = [(32, 128, 128, 56, 3, 1, 1, 32), (32, 256, 256, 56, 3, 1, 2, 32), (32, 512, 512, 14, 3, 1, 1, 32),
+                  (32, 1024, 1024, 7, 3, 1, 1, 32), (1, 224, 224, 56, 3, 1, 1, 2), (1, 448, 448, 28, 3, 1, 2, 4),
+                  (128, 256, 256, 28, 3, 1, 2, 32)]
+GROUPED_UNITS = ("convolution.grouped.", "convolution.gdirect", "convolution.gwgrad.")
 CONV_TYPES = [(BF16, True), (F16, True), (F32, False), (F32, True), (F16, False), (BF16, False)]   # (dtype, NHWC)
 
 
@@ -299,6 +333,22 @@ def test_convolution_v7_choices_are_installed(record, arch, dtype, nhwc):
         for call in _conv_calls(layer, dtype, nhwc):
             pairs += record(arch, call)
     assert_installed(arch, pairs)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype,nhwc", CONV_TYPES)
+def test_grouped_convolutions_compile_on_first_use(record, arch, dtype, nhwc):
+    """Grouped layers, each direction with Get..._v7's algorithm: the grouped kernels (16-bit) are first-use units
+    (rare.py: ~29 s of a 2-core install), whatever else such a call takes (packs, folds, float paths) is installed."""
+    pairs = []
+    for layer in GROUPED_LAYERS:
+        for call in _conv_calls(layer, dtype, nhwc):
+            pairs += record(arch, call)
+    grouped = [(u, e) for u, e in pairs if u.startswith(GROUPED_UNITS)]
+    assert_installed(arch, [(u, e) for u, e in pairs if (u, e) not in grouped])
+    assert all(not _where(arch, u, e).install for u, e in grouped), grouped
+    if dtype != F32 and nhwc:
+        assert grouped   # 16-bit NHWC layers run the grouped tensor-core kernels (NCHW ones the dense paths)
 
 
 # ----------------------------------------------------------------------------- normalization

@@ -31,11 +31,11 @@ def fake_ptxas(monkeypatch):
 def test_pairs_only_arch_neutral_units_with_the_same_instantiations(fake_ptxas):
     _nvrtc_or_skip()
     names = ("activation.h16", "softmax.f32", "matmul.f16.nn", "normalization.f16", "normalization.f16.a80",
-             "normalization.f16.a90", "convolution.wgmma.f16", "rnn.h16", "attention.d256.f16", "convolution.grouped.bf16")
+             "normalization.f16.a90", "convolution.wgmma.f16", "rnn.h16", "attention.d256.f16", "convolution.narrow.bf16")
     jobs = {(u.name, a, b) for u, a, b in build._pair_jobs(_todo(*names))}
     # units without arch-dependent code (matmul.cu's and convolution.cu's __CUDA_ARCH__ are the sm_90a guard and
     # cluster-only kernel templates), and normalization.f16's common part (PTX verified, ptx_verified.py): one job
-    for n in ("activation.h16", "softmax.f32", "rnn.h16", "matmul.f16.nn", "convolution.grouped.bf16",
+    for n in ("activation.h16", "softmax.f32", "rnn.h16", "matmul.f16.nn", "convolution.narrow.bf16",
               "normalization.f16"):
         assert (n, "sm_80", "sm_90") in jobs, n
         assert not any(j[0] == n and j[1] == "sm_90" for j in jobs), n

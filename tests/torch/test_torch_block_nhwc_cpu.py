@@ -32,7 +32,9 @@ def _model():
 bridge = os.sep + os.path.join("pydnn", "torch") + os.sep
 
 
-def _run(on, steps=2, capture=False):
+def _run(on, steps=2, capture=False, lean=False):
+    """(BLOCK_LEAN and LINEAR_LEAN off by default: their casts are transforms too; this file pins BLOCK_NHWC's own
+    counts.)"""
     torch.manual_seed(7)
     ref = _model()
     m = _model()
@@ -40,7 +42,7 @@ def _run(on, steps=2, capture=False):
     pt.convert(m, fuse=True)
     gen = torch.Generator().manual_seed(3)
     outs, calls, casts = [], [], []
-    with tuning.override({"torch.BLOCK_NHWC": on}):
+    with tuning.override({"torch.BLOCK_NHWC": on, "torch.BLOCK_LEAN": lean, "torch.LINEAR_LEAN": lean}):
         for _ in range(steps):
             m.zero_grad(set_to_none=True)
             x = torch.randn(2, 3, 4, 4, generator=gen)

@@ -190,6 +190,14 @@ def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
     blend(tv(y_desc, y), tv(x_desc, x).double(), alpha, beta)
 
 
+def add_tensor(handle, alpha, a_desc, A, beta, c_desc, C):  # noqa: N803 - the real signature's names
+    """C = alpha A + beta C, A broadcast; 16-bit data in float math rounded once (cuDNN's and Tensor.add_'s)."""
+    CALLS.append("add_tensor")
+    ct, at = tv(c_desc, C), tv(a_desc, A)
+    acc = torch.float32 if ct.dtype in (torch.float16, torch.bfloat16) else torch.float64
+    ct.copy_((alpha * at.to(acc) + beta * ct.to(acc)).to(ct.dtype))
+
+
 def convolution_backward_bias(handle, alpha, dy_desc, dy, beta, db_desc, db):
     CALLS.append("conv_bwd_bias")
     d = tv(dy_desc, dy).double()

@@ -13,6 +13,14 @@ import pydnn.torch as pt  # noqa: E402
 from pydnn import tuning  # noqa: E402
 from test_torch_gpu import TOL_SUM, close, pydnn_runs  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _chain_off():
+    """(tuning.torch.FUSE_CHAIN off: this file's node counts, reports and Python work are its blocks' own;
+    test_torch_chain_*.py covers the chain.)"""
+    with tuning.override({"torch.FUSE_CHAIN": False}):
+        yield
+
 pytestmark = pytest.mark.gpu
 
 

@@ -19,6 +19,14 @@ from pydnn.torch import _core as C  # noqa: E402
 from test_torch_emulated_cpu import CALLS, check, emulated, no_fallback  # noqa: E402,F401
 
 
+@pytest.fixture(autouse=True)
+def _chain_off():
+    """(tuning.torch.FUSE_CHAIN off: this file's node counts, reports and Python work are its blocks' own;
+    test_torch_chain_*.py covers the chain.)"""
+    with tuning.override({"torch.FUSE_CHAIN": False}):
+        yield
+
+
 def _model():
     """The CNN demo's model (examples/train_cnn.py) on 8x8 images."""
     return nn.Sequential(

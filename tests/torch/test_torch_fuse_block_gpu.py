@@ -25,6 +25,14 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
+def _chain_off():
+    """(tuning.torch.FUSE_CHAIN off: this file's node counts, reports and Python work are its blocks' own;
+    test_torch_chain_*.py covers the chain.)"""
+    with tuning.override({"torch.FUSE_CHAIN": False}):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _setup():
     if not torch.cuda.is_available():
         pytest.skip("PyTorch sees no CUDA device")

@@ -13,6 +13,14 @@ from pydnn import tuning  # noqa: E402
 from test_torch_emulated_cpu import CALLS, check, emulated  # noqa: E402,F401
 
 
+@pytest.fixture(autouse=True)
+def _chain_off():
+    """(tuning.torch.FUSE_CHAIN off: this file's node counts, reports and Python work are its blocks' own;
+    test_torch_chain_*.py covers the chain.)"""
+    with tuning.override({"torch.FUSE_CHAIN": False}):
+        yield
+
+
 def _model(pool=None):
     return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), pool or nn.MaxPool2d(2),
                          nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.MaxPool2d(3, 2, 1),

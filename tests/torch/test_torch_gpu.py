@@ -478,6 +478,7 @@ def test_convert_cnn_under_autocast(channels_last):
     report = pt.convert(model, fuse=True)
     pools = [("1", "max_pool2d"), ("5", "max_pool2d")] if tuning.torch.FUSE_POOL else []  # FUSE_POOL folds them
     blocks = [("0", "1"), ("4", "5")] if tuning.torch.FUSE_BLOCK else []  # FUSE_BLOCK: conv + batch norm, one node
+    # (no FUSE_CHAIN entry: AdaptiveAvgPool2d is not one of a chain's stages)
     assert len(report.converted) == 10 and report.fused == [("1", "relu"), ("5", "relu")] + pools + blocks
     mf = torch.channels_last if channels_last else torch.contiguous_format
     model.to(memory_format=mf), ref.to(memory_format=mf), exact.to(memory_format=mf)

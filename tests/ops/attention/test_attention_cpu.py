@@ -212,10 +212,12 @@ def test_kernel_units_and_smem():
     assert [u.name for u in units] == ["attention.bf16", "attention.f16", "attention.d96.bf16", "attention.d96.f16",
                                        "attention.d256.bf16", "attention.d256.f16", "attention.dropx.bf16",
                                        "attention.dropx.f16", "attention.dec.bf16", "attention.dec.f16",
-                                       "attention.dec.paged.bf16", "attention.dec.paged.f16"]
+                                       "attention.dec.paged.bf16", "attention.dec.paged.f16",
+                                       "attention.prep.bf16", "attention.prep.f16"]
     # (fwd, dq, dkdv x2) x dropout x head dims + pre, convert per head dim (96 / 256: their dropout kernels
-    # in attention.dropx); decode: dec, combine per head dim
-    assert [len(u.exprs) for u in units] == [20, 20, 6, 6, 6, 6, 8, 8, 8, 8, 8, 8]  # (paged dec: two per head dim)
+    # in attention.dropx); decode: dec, combine per head dim; prep: the 16-byte pre, convert per head dim
+    assert [len(u.exprs) for u in units] == [20, 20, 6, 6, 6, 6, 8, 8, 8, 8, 8, 8, 8, 8]  # (paged dec: two per head dim)
+    assert A.prep_rows(64) == 128 and A.prep_rows(96) == A.prep_rows(128) == 64 and A.prep_rows(256) == 32
     assert "pydnn::attn::bwd_dkdv<pydnn::bf16_t, 128, true, false>" in units[0].exprs
     for k, extra in (("fwd", (64, 64)), ("fwd", (32, 32)), ("bwd_dq", None), ("bwd_dkdv", "false"),
                      ("bwd_dkdv", "true")):

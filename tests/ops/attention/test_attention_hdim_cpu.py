@@ -257,8 +257,8 @@ def test_new_head_dims_dispatch(launches, d):
     args[0].arch, args[0]._funcs = "sm_80", _Recorded()
     pydnn.attention_backward(*args)
     names = [_short(x["f"]) for x in launches]
-    assert names == [f"bwd_pre<pydnn::bf16_t, {d}>", f"bwd_dkdv<pydnn::bf16_t, {d}, true, false>",
-                     f"bwd_dq_convert<pydnn::bf16_t, {d}>"]
+    assert names == [f"bwd_pre_v<pydnn::bf16_t, {d}>", f"bwd_dkdv<pydnn::bf16_t, {d}, true, false>",
+                     f"bwd_dq_convert_v<pydnn::bf16_t, {d}>"]
     assert launches[1]["grid"] == (math.ceil(200 / 64) * A.DSPLIT[d], 2, 2)
     assert launches[1]["smem"] == A.smem_bytes("bwd_dkdv", d, True)
     launches.clear()
@@ -289,6 +289,8 @@ def test_unit_names():
         for t in ("bf16", "f16"):
             for k in ("dec", "dec_combine", "bwd_pre", "bwd_dq_convert"):
                 assert A._expr(k, t, d) in exprs
+            for k in ("bwd_pre_v", "bwd_dq_convert_v"):  # (ptx/attention_prep.cu, every head dim)
+                assert A.prep_expr(k, t, d) in by_unit[A.prep_unit(t)]
             for drop in (False, True):
                 assert A._expr("fwd", t, d, A._targs("fwd", d, drop)) in exprs
                 assert A._expr("bwd_dq", t, d, A._targs("bwd_dq", d, drop)) in exprs

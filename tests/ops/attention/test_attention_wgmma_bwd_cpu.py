@@ -67,15 +67,15 @@ def _names(got):
 
 def test_sm90_atomic_runs_the_wgmma_dkdv(launches):
     _backward(det=0)  # B 2, Hq 4, Hkv 2, Sq 33, Skv 17, D 64
-    assert _names(launches) == ["bwd_pre<pydnn::bf16_t, 64>", "bwd_dkdv_wg<pydnn::bf16_t, 64, true>",
-                                "bwd_dq_convert<pydnn::bf16_t, 64>"]
+    assert _names(launches) == ["bwd_pre_v<pydnn::bf16_t, 64>", "bwd_dkdv_wg<pydnn::bf16_t, 64, true>",
+                                "bwd_dq_convert_v<pydnn::bf16_t, 64>"]
     _, grid, threads, smem = launches[1]
     assert grid == (1, 2, 2) and threads == W.THREADS and smem == W.smem_bytes(64)
 
 
 def test_sm90_deterministic_runs_the_wgmma_dq(launches):
     _backward(det=1)
-    assert _names(launches) == ["bwd_pre<pydnn::bf16_t, 64>", "bwd_dkdv_wg<pydnn::bf16_t, 64, false>",
+    assert _names(launches) == ["bwd_pre_v<pydnn::bf16_t, 64>", "bwd_dkdv_wg<pydnn::bf16_t, 64, false>",
                                 "bwd_dq_wg<pydnn::bf16_t, 64>"]
     _, grid, threads, smem = launches[2]
     assert grid == (1, 4, 2) and threads == W.THREADS and smem == W.dq_smem_bytes(64)

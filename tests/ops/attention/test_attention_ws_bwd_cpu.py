@@ -143,7 +143,7 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     _bwd(d=d, det=det, mask=mask, dtype=dtype)
     names = _names(on)
-    assert names == (["bwd_pre", "bwd_ws", "bwd_dq_wg"] if det else ["bwd_pre", "bwd_ws", "bwd_dq_convert"])
+    assert names == (["bwd_pre_v", "bwd_ws", "bwd_dq_wg"] if det else ["bwd_pre_v", "bwd_ws", "bwd_dq_convert_v"])
     ws = on[1]
     tag = "bf16" if dtype == BF16 else "f16"
     mode = "none" if det else "bulk" if (d, dq) == (64, "bulkwpp") else dq
@@ -166,7 +166,7 @@ def test_dispatch_d256(on, monkeypatch, det, mask, dtype, dq, order):
     assert WSB.D256_MODES[0] == "none" and set(WSB.D256_MODES[1:]) <= {"red", "bulkw", "bulkw2"}
     dq = dq if dq in WSB.D256_MODES else WSB.D256_MODES[1]  # (a mode not instantiated: the first atomic one)
     names = _names(on)
-    assert names == (["bwd_pre", "bwd_ws256", "bwd_dq"] if det else ["bwd_pre", "bwd_ws256", "bwd_dq_convert"])
+    assert names == (["bwd_pre_v", "bwd_ws256", "bwd_dq"] if det else ["bwd_pre_v", "bwd_ws256", "bwd_dq_convert_v"])
     ws = on[1]
     tag = "bf16" if dtype == BF16 else "f16"
     mode = "none" if det else dq
@@ -310,7 +310,7 @@ def test_lengths_and_refused_maps_take_the_older_kernel(on, monkeypatch):
         raise pydnn.PydnnError(9, "no")
     monkeypatch.setattr(WSB, "maps", refuse)
     _bwd()
-    assert _names(on) == ["bwd_pre", "bwd_dkdv_wg", "bwd_dq_convert"]
+    assert _names(on) == ["bwd_pre_v", "bwd_dkdv_wg", "bwd_dq_convert_v"]
 
 
 def _gpu_cases():
