@@ -68,12 +68,17 @@ def expr(tag, bn=128, bkn=0):
 
 
 def unit(tag, bn=128, bkn=0):
-    return f"convolution.{BKN_UNITS[int(bkn)]}.{tag}.bn{bn}"
+    """The forward's units convolution.tma.<tag>.bn<BN>; backward data's convolution.tma_dgrad.bn<BN>.<tag> (the data
+    type last: rare.py's `together` rule compiles a data type's widths at once on their first use) and the phases'
+    convolution.tma_phase.bn<BN>.<tag>."""
+    if not bkn:
+        return f"convolution.tma.{tag}.bn{bn}"
+    return f"convolution.{BKN_UNITS[int(bkn)]}.bn{bn}.{tag}"
 
 
 for _t in TAGS:
     for _bn in BNS:   # one unit a tile: compiled in parallel, loaded only where a plan runs it
-        for _k in BKN_UNITS:   # (the phases' BKN 2: first use only, pydnn/_build/rare.py)
+        for _k in BKN_UNITS:   # (backward data's BKN 1 / 2: first use, pydnn/_build/rare.py)
             add_kernels(unit(_t, _bn, _k), "conv_tma.cu", (expr(_t, _bn, _k),), archs=(ARCH + "a",))
 
 
