@@ -185,7 +185,8 @@ conv = Switches(
                      "where C >= conv_tma.MIN_K, no tiling is forced and conv_tma.slower_than_replaced does not "
                      "object, \"always\" also under a forced tiling (tests, benchmarks), False never "
                      "(tools/bench_dgrad_tma.py; H200 session 32: fwd_tma / fwd_wgmma 1.10-1.30x on 11 rows, "
-                     "1.146x geomean over the sweep's 82 stride-1 points with the rule)"),
+                     "1.146x geomean over the sweep's 82 stride-1 points with the rule; its units compile on first use, "
+                     "pydnn/_build/rare.py)"),
     DGRAD_TMA_PHASES=(False, "as DGRAD_TMA for the stride-1 phases of a strided backward data (dgrad_phases.py): "
                              "each phase's fwd_wgmma plan on fwd_tma (B through a 4-d map of the phase's "
                              "sub-filter view)"),
