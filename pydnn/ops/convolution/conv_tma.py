@@ -16,7 +16,7 @@ per base address) into ConvTmaParams and launches one kernel; ConvolutionBiasAct
 the embedded ConvParams' (plan.gemm), so the fused call runs the same kernel with its epilogue.
 
 Backward data (DgradTmaPlan, tuning.conv.DGRAD_TMA / DGRAD_TMA_PHASES; the section "backward data" below): a
-stride-1 dx is the forward of dy with the flipped, K <-> C transposed filter, which fwd_tma<..., BKN = true>
+stride-1 dx is the forward of dy with the flipped, K <-> C transposed filter, which fwd_tma<..., BKN = 1>
 reads straight from w (MN-major TMA boxes), or K-major from filter_kc_swap's copy; a strided call's phases
 (dgrad_phases.py) are such stride-1 problems too.
 """
@@ -286,7 +286,7 @@ register_tma_planner(lambda handle, pb, algo, fallback: (plan_tma(handle, pb, al
 # dx of a stride-1 convolution is the forward of dy (K channels) into dx (C channels) with padding
 # (R - 1) * dil - pad, the opposite mode and the filter w'[c][tap][k] = w[k][tap][c] (tensor_core.py's
 # _bwd_wgm_problem; fwd_wgmma runs it today, _plan_bwd_wgmma). fwd_tma takes it two ways:
-#   direct (w packed KRSC): fwd_tma<..., BKN = true> reads B from w itself, BN / 64 TMA boxes of 64 c x 64 k a
+#   direct (w packed KRSC): fwd_tma<..., BKN = 1> reads B from w itself, BN / 64 TMA boxes of 64 c x 64 k a
 #     K tile (MN-major for wgmma, the transpose bit): one launch, no workspace;
 #   swap (the plan fwd_tma replaces is tensor_core's BwdWgmmaPlan: tuning.conv.WGM_BWD_SWAP, or a filter the
 #     direct read cannot take): that plan's filter_kc_swap writes w' packed into the workspace, then fwd_tma
