@@ -677,7 +677,7 @@ def _fused_graph(h, m, n, k, tb, kind):
     v = g.matmul(x, w)
     if kind != "gelu_nob":
         v = g.add(v, g.tensor(name="b", dim=[1, 1, n]))
-    if kind in ("gelu", "gelu16", "gelu_erf", "gelu_nob"):
+    if kind in ("gelu", "gelu1", "gelu5", "gelus", "gelu1s", "gelu16", "gelu_erf", "gelu_nob"):
         v = g.gelu(v)
     elif kind == "bias":
         pass
@@ -736,7 +736,7 @@ def _kinds_of(tile, kinds):
     if tile is None:
         return tuple(kd for kd in kinds if kd.startswith("gelu") and kd == _base(kd) and kd != "gelu_nob")
     if tile.pp:
-        return tuple(kd for kd in kinds if kd in ("gelu", "gelu16", "gelu_erf", "relu", "residual"))
+        return tuple(kd for kd in kinds if kd in ("gelu", "gelu1", "gelu5", "gelu16", "gelu_erf", "relu", "residual"))
     return tuple(kinds)
 
 
@@ -749,10 +749,13 @@ def _tma_bench_unit(tile, tb):
 def _build(g, kind):
     """build_plans; kind "gelu": the graph's defaults (a bfloat16 output: gelu_fast5, tuning.graph.PW_GELU_FAST and
     PW_GELU_DEG5, <= 1.5e-5 relative); "gelu16": the degree-7 gelu_fast (PW_GELU_DEG5 off, <= 7.9e-6);
-    "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults)."""
+    "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults); "gelu1": the
+    one-MUFU gelu_ex2 (tuning.graph.EPI_GELU_EX2 on, <= 3.5e-5); "gelu5": gelu_fast5 (EPI_GELU_EX2 off); "gelus" /
+    "gelu1s": gelu5 / gelu1 with the WIDE store through stmatrix (tuning.matmul.EPI_STSM on; off in the others)."""
     from pydnn import tuning
 
-    keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE
+    keep = (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE, tuning.graph.EPI_GELU_EX2,
+            tuning.matmul.EPI_STSM)
     if kind.endswith(("_st", "_ns")):
         tuning.matmul.FUSED_STAGE = kind.endswith("_st")
     kind = _base(kind)
@@ -760,10 +763,15 @@ def _build(g, kind):
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, False
     elif kind == "gelu_erf":
         tuning.graph.PW_GELU_FAST = False
+    elif kind in ("gelu1", "gelu5", "gelus", "gelu1s"):
+        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, True
+        tuning.graph.EPI_GELU_EX2 = kind in ("gelu1", "gelu1s")
+        tuning.matmul.EPI_STSM = kind in ("gelus", "gelu1s")
     try:
         g.build_operation_graph().create_execution_plans().check_support().build_plans()
     finally:
-        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE = keep
+        (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE,
+         tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM) = keep
     return g
 
 
@@ -831,7 +839,8 @@ def _power(fns, seconds):
     import time
 
     out = {}
-    for name in [nm for nm in ("plain", "gelu", "gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu", "plain_pp",
+    for name in [nm for nm in ("plain", "gelu", "gelu1", "gelu5", "gelus", "gelu1s", "gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu",
+                               "plain_pp",
                                "gelu_pp", "relu_pp", "plain_ppc", "gelu_ppc", "relu_ppc", "torch.mm", "gelu(addmm)")
                  if nm in fns]:
         fn = fns[name]
@@ -915,10 +924,12 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
                 outs[kind + suf] = yk
                 on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
                 fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
-    tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)", "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)",
+    tnames = {"gelu": "gelu(addmm)", "gelu1": "gelu(addmm)", "gelu5": "gelu(addmm)", "gelus": "gelu(addmm)",
+              "gelu1s": "gelu(addmm)", "gelu16": "gelu(addmm)",
+              "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)",
               "residual": "addmm+r", "rowmax": "addmm.amax", "bias": "addmm", "gelu_nob": "gelu(mm)"}
     has = {_base(kd[:-len(suf)] if suf and kd.endswith(suf) else kd) for kd in fns}
-    if has & {"gelu", "gelu16", "gelu_erf"}:
+    if has & {"gelu", "gelu1", "gelu5", "gelus", "gelu1s", "gelu16", "gelu_erf"}:
         fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
     if "relu" in has:
         fns["relu(addmm)"] = lambda: F.relu(torch.addmm(b, x, w))
@@ -938,7 +949,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     want = {"plain": mm, "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
             "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True),
             "bias": ref, "gelu_nob": F.gelu(mm)}
-    want["gelu16"] = want["gelu_erf"] = want["gelu"]
+    want["gelu16"] = want["gelu_erf"] = want["gelu1"] = want["gelu5"] = want["gelus"] = want["gelu1s"] = want["gelu"]
     errs = {name: _err(o, want[_base(name[:-len(suf)] if suf and name.endswith(suf) else name)])
             for name, o in outs.items()}
     del ref, want, mm
