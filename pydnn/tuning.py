@@ -485,6 +485,11 @@ matmul = Switches(
     FUSED_PP=(False, 'sm_90, where a fused (graph) GEMM runs gemm_tma: its kernel is the ping-pong form (TMA_PP_TILE: '
                      "a consumer warpgroup's epilogue overlaps the other's wgmmas) instead of TMA_TILE, except a row "
                      'reduction; the reasons: pydnn/ops/matmul.py at TMA_PP_TILE'),
+    EPI_SPLIT=(0, 'sm_90, a fused (graph) GEMM on gemm_tma\'s cooperative 128x256 tile (no row reduction): its last '
+                  'n K tiles\' wgmmas by column halves (m64n128), the right halves issued after the loop so that they '
+                  'run while the epilogue computes the left half\'s values (ptx/matmul.cu gemm_tma_body, kSplit); '
+                  'the tensor cores otherwise idle through the whole epilogue. 0: off; n <= the ring\'s 4 stages '
+                  '(each 512 cycles of both warpgroups\' tensor work under the epilogue, whose left half is ~2.4 kc)'),
     EPI_STSM=(False, 'sm_90, a fused (graph) GEMM on gemm_tma\'s cooperative tile with 16-bit outputs: its WIDE '
                      'store through stmatrix and a 2 KiB shared buffer a consumer warp (ptx/matmul.cu stsm_store_tile: 4 '
                      'STSM + 4 LDS.128 + 4 STG.128 a 64-column chunk) instead of quad transposes in registers (256 SEL '

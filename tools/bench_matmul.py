@@ -232,6 +232,7 @@ Versions (H200; TFLOP/s and ratio to torch.matmul in the same run; torch's cuBLA
   4-stage candidates (+0-2%), an epilogue through shared memory (16-byte stores), split-K for skinny
   problems (the batched per-head case is at 0.32x).
 """
+import re
 import torch
 
 import pydnn
@@ -677,7 +678,7 @@ def _fused_graph(h, m, n, k, tb, kind):
     v = g.matmul(x, w)
     if kind != "gelu_nob":
         v = g.add(v, g.tensor(name="b", dim=[1, 1, n]))
-    if kind in ("gelu", "gelu1", "gelu5", "gelus", "gelu1s", "gelu16", "gelu_erf", "gelu_nob"):
+    if kind in ("gelu", "gelu16", "gelu_erf", "gelu_nob") or _form(kind) is not None:
         v = g.gelu(v)
     elif kind == "bias":
         pass
@@ -726,6 +727,13 @@ class _TmaTile:
         M._tma_tile, tuning.matmul.USE_TMA = self.orig, self.use
 
 
+def _form(kind):
+    """(ex2, stsm, split) of a session-32 GELU kind: "gelu5" (gelu_fast5, the defaults), "gelu1" (gelu_ex2), then
+    "s" (EPI_STSM) and "k<n>" (EPI_SPLIT n): e.g. "gelu1sk2"; None for any other kind."""
+    m = re.fullmatch(r"gelu([15])(s?)(?:k(\d))?", kind)
+    return None if m is None else (m.group(1) == "1", m.group(2) == "s", int(m.group(3) or 0))
+
+
 def _base(kind):
     return kind[:-3] if kind.endswith(("_st", "_ns")) else kind
 
@@ -736,7 +744,7 @@ def _kinds_of(tile, kinds):
     if tile is None:
         return tuple(kd for kd in kinds if kd.startswith("gelu") and kd == _base(kd) and kd != "gelu_nob")
     if tile.pp:
-        return tuple(kd for kd in kinds if kd in ("gelu", "gelu1", "gelu5", "gelu16", "gelu_erf", "relu", "residual"))
+        return tuple(kd for kd in kinds if kd in ("gelu", "gelu16", "gelu_erf", "relu", "residual"))
     return tuple(kinds)
 
 
@@ -755,7 +763,7 @@ def _build(g, kind):
     from pydnn import tuning
 
     keep = (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE, tuning.graph.EPI_GELU_EX2,
-            tuning.matmul.EPI_STSM)
+            tuning.matmul.EPI_STSM, tuning.matmul.EPI_SPLIT)
     if kind.endswith(("_st", "_ns")):
         tuning.matmul.FUSED_STAGE = kind.endswith("_st")
     kind = _base(kind)
@@ -763,15 +771,14 @@ def _build(g, kind):
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, False
     elif kind == "gelu_erf":
         tuning.graph.PW_GELU_FAST = False
-    elif kind in ("gelu1", "gelu5", "gelus", "gelu1s"):
+    elif _form(kind) is not None:
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, True
-        tuning.graph.EPI_GELU_EX2 = kind in ("gelu1", "gelu1s")
-        tuning.matmul.EPI_STSM = kind in ("gelus", "gelu1s")
+        tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM, tuning.matmul.EPI_SPLIT = _form(kind)
     try:
         g.build_operation_graph().create_execution_plans().check_support().build_plans()
     finally:
         (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE,
-         tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM) = keep
+         tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM, tuning.matmul.EPI_SPLIT) = keep
     return g
 
 
@@ -839,10 +846,10 @@ def _power(fns, seconds):
     import time
 
     out = {}
-    for name in [nm for nm in ("plain", "gelu", "gelu1", "gelu5", "gelus", "gelu1s", "gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu",
-                               "plain_pp",
-                               "gelu_pp", "relu_pp", "plain_ppc", "gelu_ppc", "relu_ppc", "torch.mm", "gelu(addmm)")
-                 if nm in fns]:
+    order = (("plain", "gelu") + tuple(k for k in fns if _form(k) is not None) +
+             ("gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu", "plain_pp", "gelu_pp", "relu_pp", "plain_ppc",
+              "gelu_ppc", "relu_ppc", "torch.mm", "gelu(addmm)"))
+    for name in [nm for nm in order if nm in fns]:
         fn = fns[name]
         proc, bus = _gpu_sampler()
         if proc is None:
@@ -924,12 +931,13 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
                 outs[kind + suf] = yk
                 on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
                 fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
-    tnames = {"gelu": "gelu(addmm)", "gelu1": "gelu(addmm)", "gelu5": "gelu(addmm)", "gelus": "gelu(addmm)",
-              "gelu1s": "gelu(addmm)", "gelu16": "gelu(addmm)",
+    tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)",
               "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)",
               "residual": "addmm+r", "rowmax": "addmm.amax", "bias": "addmm", "gelu_nob": "gelu(mm)"}
+    tnames.update({kd: "gelu(addmm)" for kd in kinds if _form(_base(kd)) is not None})
     has = {_base(kd[:-len(suf)] if suf and kd.endswith(suf) else kd) for kd in fns}
-    if has & {"gelu", "gelu1", "gelu5", "gelus", "gelu1s", "gelu16", "gelu_erf"}:
+    has = {"gelu" if _form(kd) is not None else kd for kd in has}
+    if has & {"gelu", "gelu16", "gelu_erf"}:
         fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
     if "relu" in has:
         fns["relu(addmm)"] = lambda: F.relu(torch.addmm(b, x, w))
@@ -949,7 +957,8 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     want = {"plain": mm, "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
             "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True),
             "bias": ref, "gelu_nob": F.gelu(mm)}
-    want["gelu16"] = want["gelu_erf"] = want["gelu1"] = want["gelu5"] = want["gelus"] = want["gelu1s"] = want["gelu"]
+    want["gelu16"] = want["gelu_erf"] = want["gelu"]
+    want.update({kd: want["gelu"] for kd in kinds if _form(_base(kd)) is not None})
     errs = {name: _err(o, want[_base(name[:-len(suf)] if suf and name.endswith(suf) else name)])
             for name, o in outs.items()}
     del ref, want, mm
