@@ -158,6 +158,11 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int r0
 struct NoEpi {
   static constexpr bool kActive = false, kRed = false, kStoreC = true;
 };
+// The plain store of gemm_tma's WIDE tiles through stmatrix (gemm_tma_ps, a candidate: tools/bench_matmul.py's
+// "plain_s"; its launch needs codegen.stsm_smem(0) more shared memory)
+struct NoEpiStsm {
+  static constexpr bool kActive = false, kRed = false, kStoreC = true, kStsm = true;
+};
 // Epi::kStage where it has one (codegen's epilogues: the bytes of a consumer warp's staged column operands,
 // see gemm_tma_body), else 0.
 template <class E, class = void> struct StageBytes {
@@ -759,7 +764,8 @@ __device__ __forceinline__ void wide_store_row(T* crow, const float (&acc)[BN / 
 // round). wide_store_row's quad transposes take 16 SEL + 4 SHFL a 4-group round (256 SEL and 64 SHFL a thread
 // a tile, ~17% of the fused GELU epilogue's instructions); this takes 4 STSM, 4 LDS, 2 WARPSYNC a chunk.
 template <class T, int BN>
-__device__ __forceinline__ void stsm_store_tile(T* cwarp, long long ldc, const float (&acc)[BN / 2], unsigned sbuf) {
+__device__ __forceinline__ void stsm_store_tile(T* cwarp, long long ldc, const float (&acc)[BN / 2], unsigned sbuf,
+                                                float scale = 1.0f) {
   static_assert(sizeof(T) == 2 && BN % 64 == 0, "stsm_store_tile: 16-bit values, 64-column chunks");
   const int lane = threadIdx.x & 31, mi = lane >> 3;
   const int srow = (lane & 7) + 8 * (mi & 1);  // the row this lane addresses for stmatrix
@@ -768,10 +774,10 @@ __device__ __forceinline__ void stsm_store_tile(T* cwarp, long long ldc, const f
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int j = 8 * ch + 2 * q;  // column groups j, j + 1 (8 columns each)
-      const unsigned r0 = pack16x2<T>(acc[4 * j], acc[4 * j + 1]);
-      const unsigned r1 = pack16x2<T>(acc[4 * j + 2], acc[4 * j + 3]);
-      const unsigned r2 = pack16x2<T>(acc[4 * j + 4], acc[4 * j + 5]);
-      const unsigned r3 = pack16x2<T>(acc[4 * j + 6], acc[4 * j + 7]);
+      const unsigned r0 = pack16x2<T>(scale * acc[4 * j], scale * acc[4 * j + 1]);
+      const unsigned r1 = pack16x2<T>(scale * acc[4 * j + 2], scale * acc[4 * j + 3]);
+      const unsigned r2 = pack16x2<T>(scale * acc[4 * j + 4], scale * acc[4 * j + 5]);
+      const unsigned r3 = pack16x2<T>(scale * acc[4 * j + 6], scale * acc[4 * j + 7]);
       const unsigned c = (unsigned)(2 * q + (mi >> 1));
       const unsigned a = sbuf + (unsigned)srow * 128u + ((c ^ (unsigned)(srow & 7)) << 4);
       asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r0), "r"(r1),
@@ -859,6 +865,12 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
   if constexpr (WIDE && !Epi::kActive && sizeof(T) == 2) {
     constexpr unsigned F = PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS | PYDNN_MATMUL_FLAG_C16;
     if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & F) == (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_C16)) {
+      if constexpr (StsmOf<Epi>::value) {  // NoEpiStsm (gemm_tma_ps, a candidate)
+        if (ss) {
+          stsm_store_tile<T, BN>(C + (long long)(m0 + wg * 64 + warp * 16) * p.ldc + n0, p.ldc, acc, ss, p.alpha);
+          return;
+        }
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         wide_store_row<T, BN>(C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0, acc, h,
@@ -1780,6 +1792,12 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
 template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false, bool PP = false>
 __global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ MatmulTmaParams q) {
   gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE, PP>(q, NoEpi());
+}
+
+// gemm_tma with the WIDE store through stmatrix (NoEpiStsm; a candidate, no installed unit)
+template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false, bool PP = false>
+__global__ void __launch_bounds__(384, 1) gemm_tma_ps(const __grid_constant__ MatmulTmaParams q) {
+  gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE, PP>(q, NoEpiStsm());
 }
 
 // The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks. (__cluster_dims__

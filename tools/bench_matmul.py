@@ -738,9 +738,18 @@ def _base(kind):
     return kind[:-3] if kind.endswith(("_st", "_ns")) else kind
 
 
+PS_UNIT = "matmul.tmabenchps{}.bf16"  # "plain_s": gemm_tma_ps, the plain store through stmatrix (a candidate)
+
+
+def _ps_expr(tb):
+    return _expr(M.TMA_TILE, tb).replace("gemm_tma<", "gemm_tma_ps<", 1)
+
+
 def _kinds_of(tile, kinds):
     """The fused graphs a variant runs: on the ping-pong tile no row reduction, no "_st" / "_ns" or diagnostic
-    ("bias", "gelu_nob") forms; the gelu one alone on wgmma."""
+    ("bias", "gelu_nob") forms; the gelu one alone on wgmma. ("plain_s" is no graph: the plain kernel's
+    stmatrix-store candidate, on TMA_TILE only.)"""
+    kinds = tuple(kd for kd in kinds if kd != "plain_s")
     if tile is None:
         return tuple(kd for kd in kinds if kd.startswith("gelu") and kd == _base(kd) and kd != "gelu_nob")
     if tile.pp:
@@ -798,6 +807,9 @@ def _prebuild_fused(h, shapes, kinds, variants, compile=True):
     tbs = sorted({s[4] for s in shapes})
     units = [KernelUnit(_tma_bench_unit(t, tb), "matmul.cu", (_expr(t, tb),), archs=(M.WG_ARCH + "a",))
              for _, t in variants for tb in tbs]
+    if "plain_s" in kinds:
+        units += [KernelUnit(PS_UNIT.format("nt" if tb else "nn"), "matmul.cu", (_ps_expr(tb),),
+                             archs=(M.WG_ARCH + "a",)) for tb in tbs]
     loader.register_units(units)
     orig = engines._compile
     engines._compile = lambda handle, unit: units.append(unit)
@@ -846,7 +858,7 @@ def _power(fns, seconds):
     import time
 
     out = {}
-    order = (("plain", "gelu") + tuple(k for k in fns if _form(k) is not None) +
+    order = (("plain", "plain_s", "gelu") + tuple(k for k in fns if _form(k) is not None) +
              ("gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu", "plain_pp", "gelu_pp", "relu_pp", "plain_ppc",
               "gelu_ppc", "relu_ppc", "torch.mm", "gelu(addmm)"))
     for name in [nm for nm in order if nm in fns]:
@@ -914,6 +926,18 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
             args = d.split("<", 1)[1].split(", ")
             kernels["plain" + vsuf] = f"{d.split('<')[0].split('::')[-1]} {args[1]}/{args[2]}"
             fns["plain" + vsuf] = (lambda plan=plan, cp=c.data_ptr(): plan.launch(h, xp, wp, cp))
+            if vsuf == "" and "plain_s" in kinds and plan.tma is not None:
+                from pydnn.graph import codegen as cg
+
+                plan_s = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
+                rs = plan_s.tma
+                rs.expr, rs.unit = _ps_expr(tb), PS_UNIT.format("nt" if tb else "nn")
+                rs.smem += cg.stsm_smem(0)
+                cs = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                outs["plain_s"] = cs
+                kernels["plain_s"] = kernels["plain"] + " stsm"
+                keep.append((plan_s, cs))
+                fns["plain_s"] = (lambda plan=plan_s, cp=cs.data_ptr(): plan.launch(h, xp, wp, cp))
             if vsuf != suf:
                 continue  # (the candidate's pass: gemm_tma's plain kernel only)
             for kind in _kinds_of(t, kinds):
@@ -932,7 +956,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
                 on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
                 fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
     tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)",
-              "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)",
+              "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)", "plain_s": "torch.mm",
               "residual": "addmm+r", "rowmax": "addmm.amax", "bias": "addmm", "gelu_nob": "gelu(mm)"}
     tnames.update({kd: "gelu(addmm)" for kd in kinds if _form(_base(kd)) is not None})
     has = {_base(kd[:-len(suf)] if suf and kd.endswith(suf) else kd) for kd in fns}
@@ -954,7 +978,7 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     torch.cuda.synchronize()
     ref = torch.addmm(b, x, w).float()
     mm = torch.mm(x, w).float()
-    want = {"plain": mm, "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
+    want = {"plain": mm, "plain_s": mm, "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
             "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True),
             "bias": ref, "gelu_nob": F.gelu(mm)}
     want["gelu16"] = want["gelu_erf"] = want["gelu"]
