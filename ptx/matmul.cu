@@ -1640,6 +1640,15 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
       const unsigned ssb = SS ? ((full0 + 16 * STAGES + 127u) & ~127u) + ((8u * SB + 127u) & ~127u) +
                                     (unsigned)(((threadIdx.x >> 5) - 4) * 2048)
                               : 0u;
+      // this warpgroup's 64 rows of A (slab wg either way: K-major rows wg * 64 .., MN-major columns) and B's
+      // columns from the stage address b on, at k step kk, as wgmma descriptors
+      auto desc_a = [&](unsigned a, int kk) {
+        return TA ? wgmma::desc_sw128(a + wg * SLAB + kk * 2048, SLAB, 1024)
+                  : wgmma::desc_sw128(a + wg * SLAB + kk * 32, 16, 1024);
+      };
+      auto desc_b = [&](unsigned b, int kk) {
+        return TB ? wgmma::desc_sw128(b + kk * 32, 16, 1024) : wgmma::desc_sw128(b + kk * 2048, SLAB, 1024);
+      };
       for (long long item = first; item < items; item += step) {
         long long z;
         int tm, tn;
@@ -1680,14 +1689,8 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
           const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
           wgmma::fence();
 #pragma unroll
-          for (int kk = 0; kk < kBK / 16; ++kk) {
-            // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
-            const unsigned long long da = TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024)
-                                             : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
-            const unsigned long long db =
-                TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
-            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
-          }
+          for (int kk = 0; kk < kBK / 16; ++kk)
+            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, desc_a(sa, kk), desc_b(sb, kk), 1);
           wgmma::commit();
 #ifdef PYDNN_GEMM_TL
           if (kt == ktiles - 1) PYDNN_TL_AT(TL_LAST);
@@ -1706,13 +1709,8 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
           const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
           wgmma::fence();
 #pragma unroll
-          for (int kk = 0; kk < kBK / 16; ++kk) {
-            const unsigned long long da = TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024)
-                                             : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
-            const unsigned long long db =
-                TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
-            MmaHalf<T, 0, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db);
-          }
+          for (int kk = 0; kk < kBK / 16; ++kk)
+            MmaHalf<T, 0, TA ? 1 : 0, TB ? 0 : 1>::run(acc, desc_a(sa, kk), desc_b(sb, kk));
           wgmma::commit();
           if (t == 0) {
             wgmma::wait<1>();  // the last whole K tile's group is done: its stage may be refilled
@@ -1735,13 +1733,8 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
             // MN-major one
             const unsigned sr = sbh + (TB ? (BN / 2) * 128u : (BN / 128) * SLAB);
 #pragma unroll
-            for (int kk = 0; kk < kBK / 16; ++kk) {
-              const unsigned long long da = TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024)
-                                               : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
-              const unsigned long long db =
-                  TB ? wgmma::desc_sw128(sr + kk * 32, 16, 1024) : wgmma::desc_sw128(sr + kk * 2048, SLAB, 1024);
-              MmaHalf<T, 1, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db);
-            }
+            for (int kk = 0; kk < kBK / 16; ++kk)
+              MmaHalf<T, 1, TA ? 1 : 0, TB ? 0 : 1>::run(acc, desc_a(sa, kk), desc_b(sr, kk));
           }
           wgmma::commit();
           wgmma::wait<1>();  // every left half done

@@ -658,6 +658,24 @@ def test_timeline_stamps_only_under_the_define():
 
 
 # ----------------------------------------------------------------------------- one-MUFU GELU, stmatrix stores
+def _fast_kernel_ops(name, text):
+    """NVRTC + ptxas (sm_90a) of a generated fused GEMM: (ptxas log, the fast kernel's SASS lines and opcodes, both
+    None where cuobjdump is missing), its fast kernel checked for no spill and <= 168 registers at entry."""
+    fe = f"pydnn::graph::{name}_f"
+    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
+                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    log = log if isinstance(log, str) else log.decode()
+    props = {f: (int(a), int(b)) for f, a, b in re.findall(
+        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
+    assert props.get(lowered[fe]) == (0, 0), log
+    regs = dict(re.findall(r"Compiling entry function '(\S+)'[\s\S]*?Used (\d+) registers", log))
+    assert int(regs[lowered[fe]]) <= 168, log
+    lines = _fast_sass(cubin, lowered[fe])
+    if lines is None:
+        return log, None, None
+    return log, lines, [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0]
+                        for ln in lines]
+
 
 @pytest.mark.parametrize("stage", [True, False])
 @pytest.mark.parametrize("kind", ["gelu", "residual", "rowmax"])
@@ -714,19 +732,9 @@ def test_stsm_gelu_ex2_kernel_sass():
     finally:
         T.graph.EPI_GELU_EX2 = keep
     assert "gelu_ex2(" in text and "kStsm = true" in text
-    fe = f"pydnn::graph::{name}_f"
-    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
-                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
-    log = log if isinstance(log, str) else log.decode()
-    props = {f: (int(a), int(b)) for f, a, b in re.findall(
-        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
-    assert props.get(lowered[fe]) == (0, 0), log
-    regs = dict(re.findall(r"Compiling entry function '(\S+)'[\s\S]*?Used (\d+) registers", log))
-    assert int(regs[lowered[fe]]) <= 168, log
-    lines = _fast_sass(cubin, lowered[fe])
-    if lines is None:
+    log, lines, ops = _fast_kernel_ops(name, text)
+    if ops is None:
         return
-    ops = [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0] for ln in lines]
     assert not any(o.startswith(("LDL", "STL", "SHFL")) for o in ops)
     stsm = [i for i, o in enumerate(ops) if o.startswith("STSM")]
     assert len(stsm) == 16
@@ -789,20 +797,10 @@ def test_split_kernel_sass(split, tb):
                                       stage_bn=256, stsm=True, split=split)
     finally:
         T.graph.EPI_GELU_EX2 = keep
-    fe = f"pydnn::graph::{name}_f"
-    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
-                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
-    log = log if isinstance(log, str) else log.decode()
+    log, lines, ops = _fast_kernel_ops(name, text)
     assert "C7519" not in log and "serialized" not in log, log
-    props = {f: (int(a), int(b)) for f, a, b in re.findall(
-        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
-    assert props.get(lowered[fe]) == (0, 0), log
-    regs = dict(re.findall(r"Compiling entry function '(\S+)'[\s\S]*?Used (\d+) registers", log))
-    assert int(regs[lowered[fe]]) <= 168, log
-    lines = _fast_sass(cubin, lowered[fe])
-    if lines is None:
+    if ops is None:
         return
-    ops = [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0] for ln in lines]
     c = Counter(ops)
     assert c["HGMMA.64x256x16.F32.BF16"] == 4 and c["HGMMA.64x128x16.F32.BF16"] == 4 + 4 * split, c
     assert not any(o.startswith(("LDL", "STL")) for o in ops)
