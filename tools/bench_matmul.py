@@ -767,8 +767,8 @@ def _build(g, kind):
     """build_plans; kind "gelu": the graph's defaults (a bfloat16 output: gelu_fast5, tuning.graph.PW_GELU_FAST and
     PW_GELU_DEG5, <= 1.5e-5 relative); "gelu16": the degree-7 gelu_fast (PW_GELU_DEG5 off, <= 7.9e-6);
     "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults); "gelu1": the
-    one-MUFU gelu_ex2 (tuning.graph.EPI_GELU_EX2 on, <= 3.5e-5); "gelu5": gelu_fast5 (EPI_GELU_EX2 off); "gelus" /
-    "gelu1s": gelu5 / gelu1 with the WIDE store through stmatrix (tuning.matmul.EPI_STSM on; off in the others)."""
+    one-MUFU gelu_ex2 (tuning.graph.EPI_GELU_EX2 on, <= 4e-5); "gelu5": gelu_fast5 (EPI_GELU_EX2 off); a suffix
+    "s": the WIDE store through stmatrix (tuning.matmul.EPI_STSM on; off in the others), "k<n>": EPI_SPLIT n."""
     from pydnn import tuning
 
     keep = (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE, tuning.graph.EPI_GELU_EX2,
