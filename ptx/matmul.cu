@@ -181,61 +181,6 @@ template <class E> struct StsmOf<E, decltype((void)E::kStsm, void())> {
   static constexpr bool value = E::kStsm;
 };
 
-// m64n128k16 into one column half of an m64n256k16 accumulator (acc[64 H .. 64 H + 63]: columns 128 H ..), its
-// registers named in place (gemm_tma_body's kSplit: a reinterpret_cast view of the half as its own array made
-// ptxas serialize the kernel's wgmmas, "insufficient register resources", C7511, NVRTC 13.5 sm_90a).
-#define PYDNN_MM_HALF_DOUTS(O) \
-  "+f"(d[O + 0]), "+f"(d[O + 1]), "+f"(d[O + 2]), "+f"(d[O + 3]), "+f"(d[O + 4]), "+f"(d[O + 5]), \
-  "+f"(d[O + 6]), "+f"(d[O + 7]), "+f"(d[O + 8]), "+f"(d[O + 9]), "+f"(d[O + 10]), "+f"(d[O + 11]), \
-  "+f"(d[O + 12]), "+f"(d[O + 13]), "+f"(d[O + 14]), "+f"(d[O + 15]), "+f"(d[O + 16]), "+f"(d[O + 17]), \
-  "+f"(d[O + 18]), "+f"(d[O + 19]), "+f"(d[O + 20]), "+f"(d[O + 21]), "+f"(d[O + 22]), "+f"(d[O + 23]), \
-  "+f"(d[O + 24]), "+f"(d[O + 25]), "+f"(d[O + 26]), "+f"(d[O + 27]), "+f"(d[O + 28]), "+f"(d[O + 29]), \
-  "+f"(d[O + 30]), "+f"(d[O + 31]), "+f"(d[O + 32]), "+f"(d[O + 33]), "+f"(d[O + 34]), "+f"(d[O + 35]), \
-  "+f"(d[O + 36]), "+f"(d[O + 37]), "+f"(d[O + 38]), "+f"(d[O + 39]), "+f"(d[O + 40]), "+f"(d[O + 41]), \
-  "+f"(d[O + 42]), "+f"(d[O + 43]), "+f"(d[O + 44]), "+f"(d[O + 45]), "+f"(d[O + 46]), "+f"(d[O + 47]), \
-  "+f"(d[O + 48]), "+f"(d[O + 49]), "+f"(d[O + 50]), "+f"(d[O + 51]), "+f"(d[O + 52]), "+f"(d[O + 53]), \
-  "+f"(d[O + 54]), "+f"(d[O + 55]), "+f"(d[O + 56]), "+f"(d[O + 57]), "+f"(d[O + 58]), "+f"(d[O + 59]), \
-  "+f"(d[O + 60]), "+f"(d[O + 61]), "+f"(d[O + 62]), "+f"(d[O + 63])
-#define PYDNN_MM_HALF(CT, PT)                                                                                     \
-  template <int H, int TA, int TB> struct MmaHalf<CT, H, TA, TB> {                                               \
-    static __device__ __forceinline__ void run(float (&d)[128], unsigned long long da, unsigned long long db) { \
-      constexpr int O = 64 * H;                                                                                  \
-      asm volatile("{\n"                                                                                        \
-                   "wgmma.mma_async.sync.aligned.m64n128k16.f32." PT "." PT " "                                 \
-                   "{" PYDNN_WGMMA_DREGS_64 "}, %64, %65, 1, 1, 1, %66, %67;\n}\n"                             \
-                   : PYDNN_MM_HALF_DOUTS(O)                                                                      \
-                   : "l"(da), "l"(db), "n"(TA), "n"(TB));                                                       \
-    }                                                                                                            \
-  };
-template <class T, int H, int TA, int TB> struct MmaHalf;
-// wgmma::fence_operands for one such half
-template <int H, int R> __device__ __forceinline__ void fence_half(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[64 * H + i])::"memory");
-}
-PYDNN_MM_HALF(half_t, "f16")
-PYDNN_MM_HALF(bf16_t, "bf16")
-#undef PYDNN_MM_HALF
-#undef PYDNN_MM_HALF_DOUTS
-
-// Epi::kSplit where it has one (codegen's epilogues under tuning.matmul.EPI_SPLIT: gemm_tma's last kSplit K tiles
-// by column halves, see gemm_tma_body), else 0.
-template <class E, class = void> struct SplitOf {
-  static constexpr int value = 0;
-};
-template <class E> struct SplitOf<E, decltype((void)E::kSplit, void())> {
-  static constexpr int value = E::kSplit;
-};
-struct NoMid {
-  __device__ __forceinline__ void operator()() const {}
-};
-template <class M> struct IsNoMid {
-  static constexpr bool value = false;
-};
-template <> struct IsNoMid<NoMid> {
-  static constexpr bool value = true;
-};
-
 // Pass 2: the final values of columns col, col + 1 stored to C (a pair store where PAIR allows).
 template <class T>
 __device__ __forceinline__ void put_pair(const MatmulParams& p, T* crow, int col, float v0, float v1) {
@@ -851,12 +796,9 @@ __device__ __forceinline__ void wg_plain_store(const MatmulParams& p, const floa
 // bytes a lane (wide_store_row), the plain GEMM's (no beta, no bias) and an active epilogue's values alike.
 // sb: this warp's buffer of the tile's staged column operands (gemm_tma_body, Epi::kStage; its cp.asyncs
 // issued before the K loop), 0 where the tile has none: the FAST path then reads them from there.
-// mid (not NoMid): called once by an active epilogue between the values of columns 0 .. BN / 2 - 1 and the rest
-// (gemm_tma_body's kSplit: it waits for the right half's wgmmas, which run while the left half's are computed).
-template <class T, int BN, int THREADS, bool WIDE = false, int T0 = 0, class Epi, class Mid = NoMid>
+template <class T, int BN, int THREADS, bool WIDE = false, int T0 = 0, class Epi>
 __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& epi, float (&acc)[BN / 2], long long z,
-                                            int tm, int tn, int wg, unsigned sb = 0u, unsigned ss = 0u,
-                                            const Mid& mid = Mid()) {
+                                            int tm, int tn, int wg, unsigned sb = 0u, unsigned ss = 0u) {
   constexpr int BM = 128;
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int m0 = tm * BM, n0 = tn * BN;
@@ -885,8 +827,7 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
     // FAST is a plain bool, not a generic lambda's compile-time tag: NVRTC 13.0 (the H100 / H200 machines')
     // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
     // literal, so the inlined copies fold it as a template argument would
-    // J0, J1: the column groups (8 columns each) whose values pass 1 computes; STORE: then pass 2 (every column)
-    auto tile = [&](const bool FAST, const bool STG, const int J0, const int J1, const bool STORE) {
+    auto tile = [&](const bool FAST, const bool STG) {
       // pass 1: every value (and every load of the epilogue), a column pair of both rows at a time: an
       // operand that does not move along rows (a bias) is read once for both (its two loads adjacent with
       // one address, which the compiler merges; the row-at-a-time order read it twice, ptxas sm_90a: 63 pair
@@ -901,7 +842,7 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
         if (live[h]) er[h] = epi.row(z, row_of(h));
       }
 #pragma unroll
-      for (int j = J0; j < J1; ++j) {
+      for (int j = 0; j < BN / 8; ++j) {
         const int col = n0 + j * 8 + (lane & 3) * 2;
         if (!FAST && col >= p.n) continue;
         const bool two = FAST || col + 1 < p.n;
@@ -925,7 +866,6 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
           }
         }
       }
-      if (!STORE) return;
       if constexpr (Epi::kStoreC) {
         // an interior tile with 16-byte aligned C rows: the WIDE store of the epilogue's values (an active
         // epilogue has no beta or bias of the GEMM's own)
@@ -994,27 +934,11 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
     }
     // (with staging, a FAST tile whose operands were not staged, as behind a bias 16-byte misaligned, takes
     // the general path: a third inlined copy of the epilogue spilled, ptxas sm_90a, bias + residual 160 bytes)
-    const bool fast = m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok() &&
-                      (StageBytes<Epi>::value == 0 || sb);
-    if constexpr (IsNoMid<Mid>::value) {
-      if (fast) {
-        tile(true, StageBytes<Epi>::value > 0, 0, BN / 8, true);
-      } else {
-        tile(false, false, 0, BN / 8, true);
-      }
+    if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & PYDNN_MATMUL_FLAG_PAIR) && epi.pairs_ok() &&
+        (StageBytes<Epi>::value == 0 || sb)) {
+      tile(true, StageBytes<Epi>::value > 0);
     } else {
-      // the left half's values, mid (outside both branches), then the right half's and the stores
-      if (fast) {
-        tile(true, StageBytes<Epi>::value > 0, 0, BN / 16, false);
-      } else {
-        tile(false, false, 0, BN / 16, false);
-      }
-      mid();
-      if (fast) {
-        tile(true, StageBytes<Epi>::value > 0, BN / 16, BN / 8, true);
-      } else {
-        tile(false, false, BN / 16, BN / 8, true);
-      }
+      tile(false, false);
     }
   }
 }
@@ -1629,26 +1553,11 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
       // are done before any lane's copy may land.
       constexpr int SB = CM == 1 ? StageBytes<Epi>::value : 0;
       const unsigned stg = ((full0 + 16 * STAGES + 127u) & ~127u) + (unsigned)(((threadIdx.x >> 5) - 4) * SB);
-      // kSplit (an active epilogue without a row reduction, 128 x 256 tile): the last SPLIT K tiles' wgmmas by
-      // column halves, the left halves in the loop and the right halves after it, so that the epilogue computes
-      // the left half's values while the right half's wgmmas run (the tensor cores otherwise idle through the
-      // whole epilogue); those SPLIT stages are released when the right halves are done (mid)
-      constexpr int SPLIT = (CM == 1 && !PP && BN == 256 && Epi::kActive && !Epi::kRed) ? SplitOf<Epi>::value : 0;
-      static_assert(SPLIT >= 0 && SPLIT <= STAGES, "kSplit: at most the ring's K tiles");
       // kStsm: a consumer warp's 2 KiB store buffer after the 8 staging buffers (codegen.stsm_smem)
       constexpr bool SS = CM == 1 && StsmOf<Epi>::value && WIDE && sizeof(T) == 2;
       const unsigned ssb = SS ? ((full0 + 16 * STAGES + 127u) & ~127u) + ((8u * SB + 127u) & ~127u) +
                                     (unsigned)(((threadIdx.x >> 5) - 4) * 2048)
                               : 0u;
-      // this warpgroup's 64 rows of A (slab wg either way: K-major rows wg * 64 .., MN-major columns) and B's
-      // columns from the stage address b on, at k step kk, as wgmma descriptors
-      auto desc_a = [&](unsigned a, int kk) {
-        return TA ? wgmma::desc_sw128(a + wg * SLAB + kk * 2048, SLAB, 1024)
-                  : wgmma::desc_sw128(a + wg * SLAB + kk * 32, 16, 1024);
-      };
-      auto desc_b = [&](unsigned b, int kk) {
-        return TB ? wgmma::desc_sw128(b + kk * 32, 16, 1024) : wgmma::desc_sw128(b + kk * 2048, SLAB, 1024);
-      };
       for (long long item = first; item < items; item += step) {
         long long z;
         int tm, tn;
@@ -1670,7 +1579,7 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
         float acc[BN / 2];
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-        for (int kt = 0; kt < ktiles - SPLIT; ++kt, ++it) {
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
           const unsigned s = it % STAGES;
 #ifdef PYDNN_GEMM_TL
           // KSTART after the first K tile's full wait (a clock read right after bar.sync's DEFER_BLOCKING form
@@ -1689,8 +1598,14 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
           const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
           wgmma::fence();
 #pragma unroll
-          for (int kk = 0; kk < kBK / 16; ++kk)
-            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, desc_a(sa, kk), desc_b(sb, kk), 1);
+          for (int kk = 0; kk < kBK / 16; ++kk) {
+            // this warpgroup's 64 rows of A: slab wg either way (K-major: rows wg * 64 ..; MN-major: columns)
+            const unsigned long long da = TA ? wgmma::desc_sw128(sa + wg * SLAB + kk * 2048, SLAB, 1024)
+                                             : wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
+            const unsigned long long db =
+                TB ? wgmma::desc_sw128(sb + kk * 32, 16, 1024) : wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024);
+            wgmma::Mma<T, BN, TA ? 1 : 0, TB ? 0 : 1>::run(acc, da, db, 1);
+          }
           wgmma::commit();
 #ifdef PYDNN_GEMM_TL
           if (kt == ktiles - 1) PYDNN_TL_AT(TL_LAST);
@@ -1698,72 +1613,16 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
           wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled
           if (kt > 0 && signals) release((it - 1) % STAGES);
         }
-        // kSplit: the last SPLIT K tiles' left halves (the plan has ktiles > SPLIT: pydnn/graph/engines.py), then
-        // their right halves as one group; wait only for the left halves: the epilogue's left-half values are
-        // computed while the right half's wgmmas run (mid, between the halves, waits for them)
-        if constexpr (SPLIT > 0) {
-#pragma unroll 1
-        for (int t = 0; t < SPLIT; ++t, ++it) {
-          const unsigned s = it % STAGES;
-          tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
-          const unsigned sa = sbase + s * STAGE_BYTES, sb = sa + A_BYTES;
-          wgmma::fence();
-#pragma unroll
-          for (int kk = 0; kk < kBK / 16; ++kk)
-            MmaHalf<T, 0, TA ? 1 : 0, TB ? 0 : 1>::run(acc, desc_a(sa, kk), desc_b(sb, kk));
-          wgmma::commit();
-          if (t == 0) {
-            wgmma::wait<1>();  // the last whole K tile's group is done: its stage may be refilled
-            if (signals) release((it - 1) % STAGES);
-          }
-#ifdef PYDNN_GEMM_TL
-          if (t == SPLIT - 1) PYDNN_TL_AT(TL_LAST);
-#endif
-        }
-        }
 #ifdef PYDNN_GEMM_TL
         PYDNN_TL_AT(TL_HAND);
 #endif
-        if constexpr (SPLIT > 0) {
-          wgmma::fence();
-#pragma unroll
-          for (int t = 0; t < SPLIT; ++t) {
-            const unsigned sa = sbase + ((it - SPLIT + t) % STAGES) * STAGE_BYTES, sbh = sa + A_BYTES;
-            // B's columns BN / 2 ..: rows BN / 2 .. of a K-major stage (128 bytes a row), slabs BN / 128 .. of an
-            // MN-major one
-            const unsigned sr = sbh + (TB ? (BN / 2) * 128u : (BN / 128) * SLAB);
-#pragma unroll
-            for (int kk = 0; kk < kBK / 16; ++kk)
-              MmaHalf<T, 1, TA ? 1 : 0, TB ? 0 : 1>::run(acc, desc_a(sa, kk), desc_b(sr, kk));
-          }
-          wgmma::commit();
-          wgmma::wait<1>();  // every left half done
-          fence_half<0>(acc);
-        } else {
-          wgmma::wait<0>();
-          wgmma::fence_operands(acc);
-        }
+        wgmma::wait<0>();
+        wgmma::fence_operands(acc);
 #ifdef PYDNN_GEMM_TL
         PYDNN_TL_AT(TL_DONE);
 #endif
-        if (SPLIT == 0 && ktiles > 0 && signals) release((it - 1) % STAGES);
-        // (SPLIT: called once, between the epilogue's halves, outside its branches: a wgmma wait in a path ptxas
-        // cannot prove uniform serializes every wgmma of the kernel, ptxas C7519)
-        auto mid = [&]() {
-          if constexpr (SPLIT > 0) {
-            wgmma::wait<0>();
-            fence_half<1>(acc);
-            if (signals) {
-#pragma unroll
-              for (int t = 0; t < SPLIT; ++t) release((it - SPLIT + t) % STAGES);
-            }
-          }
-        };
-        if constexpr (SPLIT > 0) {
-          wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg, sb, ssb, mid);
-        } else {
-          if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg, sb, ssb);
-        }
+        if (ktiles > 0 && signals) release((it - 1) % STAGES);
+        if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg, sb, ssb);
 #ifdef PYDNN_GEMM_TL
         PYDNN_TL_AT(TL_EPI);
         if (signals) PYDNN_TL_PUT(tlr, tlt, TL_FULLW, tlw);

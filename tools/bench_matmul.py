@@ -728,10 +728,10 @@ class _TmaTile:
 
 
 def _form(kind):
-    """(ex2, stsm, split) of a session-32 GELU kind: "gelu5" (gelu_fast5, the defaults), "gelu1" (gelu_ex2), then
-    "s" (EPI_STSM) and "k<n>" (EPI_SPLIT n): e.g. "gelu1sk2"; None for any other kind."""
-    m = re.fullmatch(r"gelu([15])(s?)(?:k(\d))?", kind)
-    return None if m is None else (m.group(1) == "1", m.group(2) == "s", int(m.group(3) or 0))
+    """(ex2, stsm) of a session-32 GELU kind: "gelu5" (gelu_fast5), "gelu1" (gelu_ex2), then "s" (EPI_STSM on; off
+    without): e.g. "gelu1s"; None for any other kind."""
+    m = re.fullmatch(r"gelu([15])(s?)", kind)
+    return None if m is None else (m.group(1) == "1", m.group(2) == "s")
 
 
 def _base(kind):
@@ -768,11 +768,11 @@ def _build(g, kind):
     PW_GELU_DEG5, <= 1.5e-5 relative); "gelu16": the degree-7 gelu_fast (PW_GELU_DEG5 off, <= 7.9e-6);
     "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults); "gelu1": the
     one-MUFU gelu_ex2 (tuning.graph.EPI_GELU_EX2 on, <= 4e-5); "gelu5": gelu_fast5 (EPI_GELU_EX2 off); a suffix
-    "s": the WIDE store through stmatrix (tuning.matmul.EPI_STSM on; off in the others), "k<n>": EPI_SPLIT n."""
+    "s": the WIDE store through stmatrix (tuning.matmul.EPI_STSM on; off in the others)."""
     from pydnn import tuning
 
     keep = (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE, tuning.graph.EPI_GELU_EX2,
-            tuning.matmul.EPI_STSM, tuning.matmul.EPI_SPLIT)
+            tuning.matmul.EPI_STSM)
     if kind.endswith(("_st", "_ns")):
         tuning.matmul.FUSED_STAGE = kind.endswith("_st")
     kind = _base(kind)
@@ -782,12 +782,12 @@ def _build(g, kind):
         tuning.graph.PW_GELU_FAST = False
     elif _form(kind) is not None:
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, True
-        tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM, tuning.matmul.EPI_SPLIT = _form(kind)
+        tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM = _form(kind)
     try:
         g.build_operation_graph().create_execution_plans().check_support().build_plans()
     finally:
         (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE,
-         tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM, tuning.matmul.EPI_SPLIT) = keep
+         tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM) = keep
     return g
 
 

@@ -529,7 +529,7 @@ def stage_plan(prog, access, bn):
     return out, off
 
 
-def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, stsm=False, split=0):
+def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, stsm=False):
     """The C++ functor of a fused matmul epilogue (ptx/matmul.cu's Epi protocol): per row, operand row
     pointers (and column-broadcast values) once; per column pair, the operands' loads (aligned pairs for
     contiguous inputs when flags bit k says so; always in the FAST instantiation, which the kernel takes
@@ -613,9 +613,6 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, 
     nl = "\n"
     # gemm_tma's WIDE store through stmatrix (tuning.matmul.EPI_STSM; ptx/matmul.cu stsm_store_tile); absent: false
     stsm_line = "  static constexpr bool kStsm = true;  // the WIDE store through stmatrix (stsm_store_tile)\n" if stsm else ""
-    # gemm_tma's last K tiles by column halves (tuning.matmul.EPI_SPLIT; ptx/matmul.cu gemm_tma_body); absent: 0
-    if split:
-        stsm_line += f"  static constexpr int kSplit = {split};  // K tiles whose right halves run under the epilogue\n"
     if staged:
         def base(k):
             return f"static_cast<const {CTYPE[ops[k][0]]}*>(e.ptr[{k}]) + z * e.stride[{k}][0] + n0"
@@ -665,7 +662,7 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, 
 
 
 def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0,
-                  stsm=False, split=0):
+                  stsm=False):
     """(name, CUDA C) of a GEMM whose epilogue is the pointwise program `prog`: operand refs ("acc", 0) are
     the GEMM's value at (z, row, col), ("op", k) the epilogue operand k of GraphPwParams e (read at
     z * stride[k][0] + row * stride[k][1] + col * stride[k][2]); prog.stores write further outputs there;
@@ -679,16 +676,12 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
     Two kernels: <name>_f (the fast tile; gemm_tma's takes MatmulTmaParams q, maps first) and <name>_g (the
     general, unaligned path). stage_bn: gemm_tma's tile width where the column operands are staged per tile
     (_epi_struct; the launch then needs stage_smem(...) more shared memory), else 0. stsm: gemm_tma's cooperative
-    tile stores through stmatrix (the launch needs stsm_smem(...) more). split: gemm_tma's cooperative 128 x 256 tile
-    runs its last `split` K tiles by column halves, the right halves under the epilogue's left half."""
+    tile stores through stmatrix (the launch needs stsm_smem(...) more)."""
     ops = prog.operands
     if stage_bn and (not hasattr(fast, "cm") or fast.bn != stage_bn or fast.pp or red is not None):
         raise ValueError("staged column operands: gemm_tma's cooperative tile, no row reduction")
     if stsm and (not hasattr(fast, "cm") or fast.pp or fast.cm != 1 or tag == "f32"):
         raise ValueError("stmatrix stores: gemm_tma's cooperative 1-CTA tile, 16-bit outputs")
-    if split and (not hasattr(fast, "cm") or fast.pp or fast.cm != 1 or fast.bn != 256 or red is not None
-                  or not 0 < split <= fast.stages):
-        raise ValueError("split K tiles: gemm_tma's cooperative 128 x 256 tile, no row reduction, <= its stages")
     access = list(access) if access is not None else ["g"] * len(ops)
     if len(access) != len(ops) or any(a not in "bcgBCG" for a in access):
         raise ValueError(f"access {access!r} for {len(ops)} operands")
@@ -700,7 +693,7 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
         raise ValueError(f"{len(ops)} epilogue operands")
     fb, ft, fm = _tile_body(fast, tag, ta, tb, True)
     gb, gt, gm = _tile_body(general, tag, ta, tb, False)
-    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag, stage_bn, stsm, split)
+    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag, stage_bn, stsm)
     digest = hashlib.sha256(repr((body, fb, gb, prog.key(), final)).encode()).hexdigest()[:16]
     name = f"mm_{digest}"
     body = body.replace("struct EPI {", f"struct Epi_{name} {{")
@@ -745,10 +738,10 @@ def stsm_smem(stage_bytes):
 
 
 def matmul_unit(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0,
-                stsm=False, split=0):
+                stsm=False):
     """(KernelUnit, fast expr, general expr), registered like kernel_unit's; a wgmma fast tile makes the
     unit sm_90a only (as pydnn.ops.matmul's wgmma units)."""
-    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c, stage_bn, stsm, split)
+    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c, stage_bn, stsm)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     fe, ge = f"pydnn::graph::{name}_f", f"pydnn::graph::{name}_g"

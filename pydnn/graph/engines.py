@@ -525,13 +525,8 @@ class FusedMatmulStep:
                 and self.store_c)
         if stsm:
             fast_rec.smem += cg.stsm_smem(cg.stage_plan(an["prog"], access, fast.bn)[1] if stage_bn else 0)
-        # ... and run its last K tiles by column halves under the epilogue (tuning.matmul.EPI_SPLIT; owner: gemm)
-        # (the kernel runs the last `split` K tiles split: it needs K tiles beyond them)
-        split = (tuning.matmul.EPI_SPLIT if tma is not None and not fast.pp and fast.cm == 1 and fast.bn == 256
-                 and red is None and -(-plan.k // 64) > tuning.matmul.EPI_SPLIT else 0)
         self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
-                                           plan.trans_a, plan.trans_b, access, red, self.store_c, stage_bn, stsm,
-                                           split)
+                                           plan.trans_a, plan.trans_b, access, red, self.store_c, stage_bn, stsm)
         _compile(handle, self.unit)
         self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
         self.eops = tuple(an["eops"])

@@ -77,6 +77,12 @@ def _graph(h, kind, m, n, k, tb=False, batch=1):
     return g, g._plan_obj.built.steps[0]
 
 
+def _stsm(kind, sb):
+    """The shared memory tuning.matmul.EPI_STSM (on) adds to a fused gemm_tma launch of `kind` (a stored C: not the
+    row MAX graph) with sb staged bytes."""
+    return cg.stsm_smem(sb) if tuning.matmul.EPI_STSM and kind != "rowmax" else 0
+
+
 def _buffers(buf, kind, m, n, k, batch=1):
     names = {"x": batch * m * k * 2, "w": k * n * 2, "b": n * 2, "y": batch * m * (1 if kind == "rowmax" else n) * 2}
     if kind == "residual":
@@ -98,8 +104,9 @@ def test_fused_graph_runs_on_gemm_tma(sm90, kind):
     rec, expr, (arr, _, q, e) = step.recs[0]
     assert rec.maps is not None and isinstance(q, M.MatmulTmaParams) and expr.endswith("_f")
     # (FUSED_STAGE, on: the bias + GELU epilogue's bias staged, 8 warp buffers of 512 bytes more)
-    staged = cg.stage_smem(512) if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
-    assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == M.TMA_TILE.smem + staged
+    sb = 512 if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
+    smem = M.TMA_TILE.smem + cg.stage_smem(sb) + _stsm(kind, sb)
+    assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == smem
     assert len(units) == 1 and set(units[0].exprs) == {expr, step.recs[1][1]} and units[0].archs == ("sm_90a",)
     text, _ = cache.unit_inputs(units[0])
     assert "gemm_tma_body<pydnn::bf16_t, 256, 4, false, false, 1, true>" in text
@@ -419,13 +426,15 @@ def test_fused_stage_switch(sm90, monkeypatch, kind):
     assert tuning.matmul.FUSED_STAGE is True
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", False)
     _, step = _graph(h, kind, 2048, 2048, 512)
-    assert "kStage = 0;" in cache.unit_inputs(units[-1])[0] and step.recs[0][0].smem == M.TMA_TILE.smem
+    assert "kStage = 0;" in cache.unit_inputs(units[-1])[0]
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + _stsm(kind, 0)
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
     g, step = _graph(h, kind, 2048, 2048, 512)
     text = cache.unit_inputs(units[-1])[0]
     staged = kind == "gelu"
     assert ("kStage = 512;" in text) == staged and ("kStage = 0;" in text) != staged
-    assert step.recs[0][0].smem == M.TMA_TILE.smem + (cg.stage_smem(512) if staged else 0)
+    sb = 512 if staged else 0
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + _stsm(kind, sb)
     before = drv.launches
     g.execute(_buffers(buf, kind, 2048, 2048, 512), buf(max(g.get_workspace_size(), 1))[0])
     assert drv.launches == before + 1
@@ -744,65 +753,3 @@ def test_stsm_gelu_ex2_kernel_sass():
     region = Counter(ops[start:wide[15] + 1])
     assert region["MUFU.EX2"] == 128 and region["MUFU.RCP"] == 0, region
     assert region["LDS.128"] == 16 and region["STG.E.128"] == 16 and region["LDS"] == 32, region
-
-
-@pytest.mark.parametrize("kind, k, split, want", [("gelu", 512, 2, 2), ("gelu", 512, 4, 4), ("gelu", 256, 4, 0),
-                                                  ("gelu", 256, 3, 3), ("residual", 512, 2, 2), ("rowmax", 512, 2, 0)])
-def test_split_plan(sm90, monkeypatch, kind, k, split, want):
-    """tuning.matmul.EPI_SPLIT: the generated epilogue gets kSplit where the plan's K has more K tiles (of 64) than
-    the split (256: 4 tiles, none left whole for split 4: no kSplit), never with a row reduction; the shared
-    memory is unchanged."""
-    h, buf, drv, enc, units = sm90
-    monkeypatch.setattr(tuning.matmul, "EPI_SPLIT", split)
-    g, step = _graph(h, kind, 2048, 2048, k)
-    assert step.recs[0][0].maps is not None  # on gemm_tma
-    text = cache.unit_inputs(units[-1])[0]
-    assert ("kSplit" in text) == (want > 0) and (not want or f"kSplit = {want};" in text)
-    staged = cg.stage_smem(512) if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
-    assert step.recs[0][0].smem == M.TMA_TILE.smem + staged
-
-
-def test_split_only_on_the_cooperative_tile():
-    """matmul_source refuses kSplit on the ping-pong and cluster tiles, the wgmma tiles, with a row reduction, and
-    beyond the ring's stages."""
-    prog, final, access, red = _programs()["gelu"]
-    for tile in (M.TMA_PP_TILE, M.TMA_PPC_TILE, M.TC_TILES[0]):
-        with pytest.raises(ValueError):
-            cg.matmul_source(prog, final, "bf16", tile, M.TC_GENERAL, False, False, access=access, split=2)
-    with pytest.raises(ValueError):
-        cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access,
-                         split=M.TMA_TILE.stages + 1)
-    rprog, rfinal, raccess, rred = _programs()["rowmax"]
-    with pytest.raises(ValueError):
-        cg.matmul_source(rprog, rfinal, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=raccess, red=rred,
-                         split=2)
-
-
-@pytest.mark.parametrize("split, tb", [(2, False)])
-def test_split_kernel_sass(split, tb):
-    """ptxas (sm_90a) on the fused bias + GELU kernel with kSplit (gelu_ex2, stmatrix stores, bias staged): no
-    spill in the fast kernel, 168 registers at entry, and no wgmma serialization (ptxas C7519: a wgmma wait in a
-    path it cannot prove uniform serializes them all); SASS where cuobjdump exists: 4 HGMMA.64x256x16 (the whole
-    K tiles' loop), 4 HGMMA.64x128x16 in the split loop and 4 * split after it (the right halves, unrolled), and
-    two WARPGROUP.DEPBAR.LE gsb0, 0x1 and one 0x0 outside the whole-tile loop's. (Only this form compiles without
-    serialization so far: split 1, 3, 4 (nn) and 2 (nt) get ptxas C7511, "insufficient register resources for the
-    wgmma pipeline", NVRTC 13.5: EPI_SPLIT stays off.)"""
-    from pydnn import tuning as T
-
-    keep = T.graph.EPI_GELU_EX2
-    T.graph.EPI_GELU_EX2 = True
-    try:
-        prog, final, access, _ = _programs()["gelu"]
-        name, text = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, tb, access=access,
-                                      stage_bn=256, stsm=True, split=split)
-    finally:
-        T.graph.EPI_GELU_EX2 = keep
-    log, lines, ops = _fast_kernel_ops(name, text)
-    assert "C7519" not in log and "serialized" not in log, log
-    if ops is None:
-        return
-    c = Counter(ops)
-    assert c["HGMMA.64x256x16.F32.BF16"] == 4 and c["HGMMA.64x128x16.F32.BF16"] == 4 + 4 * split, c
-    assert not any(o.startswith(("LDL", "STL")) for o in ops)
-    deps = [ln.split("WARPGROUP.DEPBAR.LE", 1)[1].split(";")[0].strip() for ln in lines if "WARPGROUP.DEPBAR.LE" in ln]
-    assert deps.count("gsb0, 0x1") == 3 and deps.count("gsb0, 0x0") == 1, deps

@@ -219,7 +219,9 @@ def test_fused_tma_staged_bias(handle, rng, monkeypatch, kind, m, n, k, batch, s
 
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
     step = _run(handle, rng, monkeypatch, BF16, kind, m, n, k, batch, False, sms)
-    assert step.recs[0][0].smem == M.TMA_TILE.smem + (cg.stage_smem(256 * 2) if kind == "gelu" else 0)
+    sb = 256 * 2 if kind == "gelu" else 0
+    assert step.recs[0][0].smem == (M.TMA_TILE.smem + cg.stage_smem(sb) +
+                                    (cg.stsm_smem(sb) if tuning.matmul.EPI_STSM else 0))
 
 
 def test_fused_tma_staged_bias_unaligned(handle, rng, monkeypatch):
@@ -246,28 +248,26 @@ def test_fused_tma_staged_bias_unaligned(handle, rng, monkeypatch):
 
 # ----------------------------------------------------------------------------- one-MUFU GELU, stmatrix stores
 
-@pytest.mark.parametrize("ex2, stsm, stage, split", [(True, False, True, 0), (False, True, True, 0),
-                                                     (True, True, True, 0), (True, True, False, 0),
-                                                     (True, True, True, 2), (False, False, True, 4)],
-                         ids=["ex2", "stsm", "ex2_stsm", "ex2_stsm_nostage", "ex2_stsm_split2", "split4"])
+@pytest.mark.parametrize("ex2, stsm, stage", [(True, False, True), (False, True, True), (True, True, True),
+                                              (True, True, False), (False, False, True)],
+                         ids=["ex2", "stsm", "ex2_stsm", "ex2_stsm_nostage", "neither"])
 @pytest.mark.parametrize("m, n, k, batch, tb, sms", GELU_CASES, ids=["interior", "edges_batched", "nt_pairs"])
-def test_fused_tma_gelu_ex2_stsm(handle, rng, monkeypatch, ex2, stsm, stage, split, m, n, k, batch, tb, sms):
-    """tuning.graph.EPI_GELU_EX2 (GELU_FWD as the one-MUFU gelu_ex2), tuning.matmul.EPI_STSM (the WIDE store
-    through stmatrix and a 2 KiB shared buffer a consumer warp) and tuning.matmul.EPI_SPLIT (the last K tiles'
-    right halves under the epilogue's left half), with and without the staged bias: the same tolerance as every
-    fused GELU (interior tiles, edges with 2 blocks walking batched tiles and a ragged K, pair-store rows)."""
+def test_fused_tma_gelu_ex2_stsm(handle, rng, monkeypatch, ex2, stsm, stage, m, n, k, batch, tb, sms):
+    """tuning.graph.EPI_GELU_EX2 (GELU_FWD as the one-MUFU gelu_ex2; on) and tuning.matmul.EPI_STSM (the WIDE
+    store through stmatrix and a 2 KiB shared buffer a consumer warp; on), each on and off, with and without the
+    staged bias: the same tolerance as every fused GELU (interior tiles, edges with 2 blocks walking batched
+    tiles and a ragged K, pair-store rows)."""
     from pydnn import tuning
     from pydnn._build import cache
     from pydnn.graph import codegen as cg
 
     monkeypatch.setattr(tuning.graph, "EPI_GELU_EX2", ex2)
     monkeypatch.setattr(tuning.matmul, "EPI_STSM", stsm)
-    monkeypatch.setattr(tuning.matmul, "EPI_SPLIT", split)
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", stage)
     step = _run(handle, rng, monkeypatch, BF16, "gelu", m, n, k, batch, tb, sms)
     text = cache.unit_inputs(step.unit)[0]
     assert ("gelu_ex2(" in text) == ex2 and ("gelu_fast5(" in text) != ex2
-    assert ("kStsm = true" in text) == stsm and (f"kSplit = {split};" in text) == (split > 0)
+    assert ("kStsm = true" in text) == stsm
     sb = cg.stage_plan(_graph_prog_for_smem(), ["C"], 256)[1] if stage else 0
     assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + (cg.stsm_smem(sb) if stsm else 0)
 
@@ -285,12 +285,4 @@ def test_fused_tma_stsm_residual(handle, rng, monkeypatch):
     from pydnn import tuning
 
     monkeypatch.setattr(tuning.matmul, "EPI_STSM", True)
-    _run(handle, rng, monkeypatch, BF16, "residual", 600, 712, 520, 2, False, 2)
-
-
-def test_fused_tma_split_residual(handle, rng, monkeypatch):
-    """EPI_SPLIT 3 with bias + residual (a row-moving input, no staging) on edges, 2 blocks, a ragged K."""
-    from pydnn import tuning
-
-    monkeypatch.setattr(tuning.matmul, "EPI_SPLIT", 3)
     _run(handle, rng, monkeypatch, BF16, "residual", 600, 712, 520, 2, False, 2)
