@@ -269,7 +269,8 @@ def test_tanh_fast_wins_over_tanh_nonneg(monkeypatch):
 
 def test_matmul_and_norm_epilogues_pass_their_store_type(monkeypatch):
     """The fused matmul's epilogue asks expressions with the GEMM's C type (an fp32 GEMM + bias + GELU, whose
-    program has no output operand, keeps erff), the fused norm's with y's."""
+    program has no output operand, keeps erff), the fused norm's with y's; with tuning.graph.EPI_GELU_EX2 a
+    bfloat16 GEMM epilogue takes gelu_ex2 and the norm epilogue keeps its form."""
     from pydnn.graph import norm_nodes
     from pydnn.ops import matmul as M
 
@@ -278,11 +279,13 @@ def test_matmul_and_norm_epilogues_pass_their_store_type(monkeypatch):
     prog = cg.PwProgram([("f32", "in")], [cg.PwNode(P.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
                                           cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("v", 0))], [])
     fast = M.TC_TILES[0]
-    for tag, want in (("f32", "erff("), ("bf16", "gelu_fast(")):
-        _, text = cg.matmul_source(prog, ("v", 1), tag, fast, M.TC_GENERAL, False, False)
-        assert want in text, tag
-        _, ntext, _ = norm_nodes.epilogue_source(prog, ("v", 1), tag)
-        assert want in ntext, tag
+    for ex2 in (False, True):
+        monkeypatch.setattr(tuning.graph, "EPI_GELU_EX2", ex2)
+        for tag, want in (("f32", "erff("), ("bf16", "gelu_fast(")):
+            _, text = cg.matmul_source(prog, ("v", 1), tag, fast, M.TC_GENERAL, False, False)
+            assert (("gelu_ex2(" if ex2 and tag == "bf16" else want) in text), (ex2, tag)
+            _, ntext, _ = norm_nodes.epilogue_source(prog, ("v", 1), tag)
+            assert want in ntext and "gelu_ex2(" not in ntext, (ex2, tag)
 
 
 def test_gelu_fast_compiles_and_matches_the_activation_family():
