@@ -532,6 +532,12 @@ matmul = Switches(
     FUSED_PP=(False, 'sm_90, where a fused (graph) GEMM runs gemm_tma: its kernel is the ping-pong form (TMA_PP_TILE: '
                      "a consumer warpgroup's epilogue overlaps the other's wgmmas) instead of TMA_TILE, except a row "
                      'reduction; the reasons: pydnn/ops/matmul.py at TMA_PP_TILE'),
+    EPI_STSM=(True, 'sm_90, a fused (graph) GEMM on gemm_tma\'s cooperative tile with 16-bit outputs: its WIDE store '
+                    'through stmatrix and a 2 KiB shared buffer a consumer warp (ptx/matmul.cu stsm_store_tile: 4 STSM + '
+                    '4 LDS.128 + 4 STG.128 a 64-column chunk) instead of quad transposes in registers (256 SEL + 64 SHFL a '
+                    'thread a tile); +16 KiB of shared memory (218 KiB a block with the staged bias). H200 timeline: the '
+                    'bias + GELU epilogue 7.88 -> 7.13 kc a tile (16384x4096x4096), 7.90 -> 7.14 (16384x11008x4096); the '
+                    'plain kernel gains the same way (gemm_tma_ps, a candidate: 3.11 -> 2.43 kc) but is not switched yet'),
     FUSED_STAGE=(True, 'sm_90, a fused (graph) GEMM on gemm_tma (cooperative tile, no row reduction, every input a '
                        'column operand): its column operands (a bias) are copied into shared memory by cp.async at '
                        'the start of each tile (hidden by the K loop) and read from there in the epilogue, instead of '
@@ -950,6 +956,13 @@ graph = Switches(
                         "(gelu_fast5: <= 1.5e-5 relative, 130x below bfloat16's half ulp; 2 FFMA an element less: "
                         "the chain's loop 27.0 instructions an element at 2 runs; H200, broadcast chain, 2 runs, 8 "
                         "resident, 4 waves: 311 -> 296 us)"),
+    EPI_GELU_EX2=(True, "with PW_GELU_FAST, GELU_FWD in a fused matmul epilogue whose every output is bfloat16 as "
+                        "gelu_ex2 (one MUFU: max(x, 0) - |x| 2^h(|x|), h a degree-9 polynomial; <= 3.97e-5 relative, "
+                        "every float32 scanned, tools/gelu_ex2.py) instead of gelu_fast5 (RCP + EX2): 14 instructions an "
+                        "output with the bias add instead of 15, half the MUFU work. H200 timeline (clock64, every SM): "
+                        "the bias + GELU epilogue 7.88 -> 7.57 kc a tile (16384x4096x4096) and 7.90 -> 7.59 "
+                        "(16384x11008x4096); with EPI_STSM 7.13 -> 6.81 / 7.14 -> 6.83. Off: gelu_fast5 (<= 1.5e-5); "
+                        "the pointwise chain keeps gelu_fast5 (not measured there)"),
     PW_TANH_FAST=(True, "TANH_FWD in a generated kernel whose outputs are all bfloat16 by tanh.approx.f32 (MUFU.TANH, "
                         "<= 2^-10.99 relative, a quarter of bfloat16's half ulp; the RNN's PERSIST_FAST_MATH form): 1 "
                         "instruction where tanhf takes ~15, tanh_nonneg 12; off: tanhf / tanh_nonneg. With PW_GELU_FAST "
