@@ -179,6 +179,17 @@ conv = Switches(
                     "never (tools/bench_conv_tma.py; H200 mid-session run 3: 1.10-1.30x fwd_wgmma on 11 forward "
                     "rows, geomean vs cuDNN 0.594 -> 0.706)"),
     FWD_TMA_BN=(None, "fwd_tma's tile width in output channels (64, 128 or 256); None: conv_tma._bn's choice"),
+    DGRAD_TMA=(True, "sm_90: a call's own unsplit stride-1 backward-data plan on fwd_wgmma runs fwd_tma instead "
+                     "(the forward of dy; B read MN-major from the packed KRSC filter by TMA, or from "
+                     "filter_kc_swap's copy where the replaced plan is the swap's; conv_tma.tma_dgrad_top): True "
+                     "where C >= conv_tma.MIN_K, no tiling is forced and conv_tma.slower_than_replaced does not "
+                     "object, \"always\" also under a forced tiling (tests, benchmarks), False never "
+                     "(tools/bench_dgrad_tma.py; H200 session 32: fwd_tma / fwd_wgmma 1.10-1.30x on 11 rows, "
+                     "1.146x geomean over the sweep's 82 stride-1 points with the rule; its units compile on first use, "
+                     "pydnn/_build/rare.py)"),
+    DGRAD_TMA_PHASES=(False, "as DGRAD_TMA for the stride-1 phases of a strided backward data (dgrad_phases.py): "
+                             "each phase's fwd_wgmma plan on fwd_tma (B through a 4-d map of the phase's "
+                             "sub-filter view)"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),
