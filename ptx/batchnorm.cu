@@ -2118,21 +2118,21 @@ struct ResWalk {
 // STREAM: the elements past the registers' PER x blockDim.x (j >= PER G) are read from memory in each pass instead
 // (the sums, the squares about the mean / the backward's sums, the outputs: the later reads mostly from L2), so a
 // small block (PER 4) serves any N * H * W at full occupancy. Without STREAM the host keeps m <= PER G.
-// STREAM: kResSU elements a thread loaded together per step of the streaming passes (their loads in flight at once;
-// one a step left each thread a chain of dependent memory round trips). x (and dy' with BWD) of elements j + u G,
-// u < kResSU, below m (0 past it); w advances kResSU elements.
+// STREAM: SU (kResSU unless the host asks for 1: tuning.batchnorm.NC_RES_SU) elements a thread loaded together per
+// step of the streaming passes (their loads in flight at once; one a step left each thread a chain of dependent
+// memory round trips). x (and dy' with BWD) of elements j + u G, u < SU, below m (0 past it); w advances SU elements.
 constexpr int kResSU = 4;
-template <class T, bool BWD, class A>
+template <class T, bool BWD, int SU, class A>
 __device__ __forceinline__ void res_stream_load(const BnParams& p, const T* x, const T* dyp, const unsigned char* mk,
                                                 bool msk, unsigned cs, ResWalk& w, int j, int m, int G, A* xs, A* gs) {
-  unsigned o[kResSU];
+  unsigned o[SU];
 #pragma unroll
-  for (int u = 0; u < kResSU; ++u) {
+  for (int u = 0; u < SU; ++u) {
     o[u] = w.off(cs);
     w.next();
   }
 #pragma unroll
-  for (int u = 0; u < kResSU; ++u) {
+  for (int u = 0; u < SU; ++u) {
     xs[u] = A(0);
     if constexpr (BWD) gs[u] = A(0);
     if (j + u * G < m) {
@@ -2145,7 +2145,7 @@ __device__ __forceinline__ void res_stream_load(const BnParams& p, const T* x, c
   }
 }
 
-template <class T, int PER, bool BWD, bool STREAM = false>
+template <class T, int PER, bool BWD, bool STREAM = false, int SU = kResSU>
 __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
   typedef typename AccOf<T>::type A;
   __shared__ double sm0[3][32], sm1[3][32];
@@ -2189,11 +2189,11 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
     if constexpr (STREAM) {
       ResWalk w;
       w.init(j1 + t, G, ihw);
-      for (int j = j1 + t; j < m; j += kResSU * G) {
-        A xs[kResSU];
-        res_stream_load<T, false>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
+      for (int j = j1 + t; j < m; j += SU * G) {
+        A xs[SU];
+        res_stream_load<T, false, SU>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
 #pragma unroll
-        for (int u = 0; u < kResSU; ++u) sx += xs[u];
+        for (int u = 0; u < SU; ++u) sx += xs[u];
       }
     }
     double v[1] = {(double)sx};
@@ -2207,11 +2207,11 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
     if constexpr (STREAM) {
       ResWalk w;
       w.init(j1 + t, G, ihw);
-      for (int j = j1 + t; j < m; j += kResSU * G) {
-        A xs[kResSU];
-        res_stream_load<T, false>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
+      for (int j = j1 + t; j < m; j += SU * G) {
+        A xs[SU];
+        res_stream_load<T, false, SU>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
 #pragma unroll
-        for (int u = 0; u < kResSU; ++u)
+        for (int u = 0; u < SU; ++u)
           if (j + u * G < m) q += (xs[u] - ma) * (xs[u] - ma);
       }
     }
@@ -2237,11 +2237,11 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
       if constexpr (STREAM) {
         ResWalk w;
         w.init(j1 + t, G, ihw);
-        for (int j = j1 + t; j < m; j += kResSU * G) {
-          A xs[kResSU];
-          res_stream_load<T, false>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
+        for (int j = j1 + t; j < m; j += SU * G) {
+          A xs[SU];
+          res_stream_load<T, false, SU>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, xs);
 #pragma unroll
-          for (int u = 0; u < kResSU; ++u) sx += xs[u];
+          for (int u = 0; u < SU; ++u) sx += xs[u];
         }
       }
       double v[1] = {(double)sx};
@@ -2260,11 +2260,11 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
     if constexpr (STREAM) {
       ResWalk w;
       w.init(j1 + t, G, ihw);
-      for (int j = j1 + t; j < m; j += kResSU * G) {
-        A xs[kResSU], gs[kResSU];
-        res_stream_load<T, true>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, gs);
+      for (int j = j1 + t; j < m; j += SU * G) {
+        A xs[SU], gs[SU];
+        res_stream_load<T, true, SU>(p, x, dyp, mk, msk, cs, w, j, m, G, xs, gs);
 #pragma unroll
-        for (int u = 0; u < kResSU; ++u) {
+        for (int u = 0; u < SU; ++u) {
           const A d = j + u * G < m ? xs[u] - ma : A(0);
           sy += gs[u];
           sxy += gs[u] * d;
@@ -2299,12 +2299,12 @@ __global__ void __launch_bounds__(kResThreads) nc_res(const BnParams p) {
     w.next();
   }
   if constexpr (STREAM) {
-    for (int j = j1 + t; j < jend; j += kResSU * G) {
-      A xs[kResSU], gs[kResSU];
+    for (int j = j1 + t; j < jend; j += SU * G) {
+      A xs[SU], gs[SU];
       ResWalk w0 = w;
-      res_stream_load<T, BWD>(p, x, dyp, mk, msk, cs, w, j, jend, G, xs, gs);
+      res_stream_load<T, BWD, SU>(p, x, dyp, mk, msk, cs, w, j, jend, G, xs, gs);
 #pragma unroll
-      for (int u = 0; u < kResSU; ++u) {
+      for (int u = 0; u < SU; ++u) {
         if (j + u * G < jend) res_out<T, BWD>(p, base, w0.off(cs), xs[u], gs[u], c);
         w0.next();
       }

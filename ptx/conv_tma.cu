@@ -27,12 +27,20 @@
 namespace pydnn {
 namespace conv {
 
-template <class T, int BN, int STAGES>
+// BKN (backward data, conv_tma.plan_dgrad_tma): 0 B K-major (the forward's packed KRSC filter, or backward data's
+// swapped copy); else the forward of dy whose B is read straight from the filter w (the problem's output
+// channels are w's C, its reduction channels w's K): B's tile for tap (r, s), reduction block cb and output
+// channels n0.. is w[cb * 64 ..][r][s][n0 ..], BN / 64 boxes of 64 c (contiguous) x 64 k, each landing as 64
+// rows (k) of 128 bytes (c): MN-major B, as gemm_tma's TB = false slabs (descriptor LBO = the 64-column slab,
+// wgmma's transpose bit for B). BKN 1: w packed KRSC, a 3-d map (C, R * S, K) (a call's own stride-1 plan);
+// BKN 2: a 4-d map (C, S, R, K) through w's strides (a strided call's phase: its sub-filter view).
+template <class T, int BN, int STAGES, int BKN = 0>
 __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTmaParams q) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "fwd_tma needs the sm_90a target (KernelUnit archs)");
 #endif
   static_assert(BN == 64 || BN == 128 || BN == 256, "fwd_tma tile");
+  static_assert(BKN >= 0 && BKN <= 2, "fwd_tma B layout");
   constexpr int BM = 128, BK = 64;
   constexpr unsigned A_BYTES = BM * BK * sizeof(T), B_BYTES = BN * BK * sizeof(T);
   constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
@@ -87,14 +95,23 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
           const int ih = h0 + r * p.dil[1] - p.pad[1];
           for (int s = 0; s < S; ++s) {
             const int iw = w0 + s * p.dil[2] - p.pad[2];
-            const int tap = flip ? (R - 1 - r) * S + (S - 1 - s) : r * S + s;
+            const int rr = flip ? R - 1 - r : r, ss = flip ? S - 1 - s : s;
+            const int tap = rr * S + ss;
             for (int cb = 0; cb < q.cblocks; ++cb, ++it) {
               const unsigned st = it % STAGES, full = full0 + 8 * st;
               tma::mbar_wait(empty0 + 8 * st, ((it / STAGES) & 1) ^ 1);
               tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
               const unsigned sa = sbase + st * STAGE_BYTES, sb = sa + A_BYTES;
               tma::load_4d(sa, map_x, full, cb * BK, iw, ih, nb);
-              tma::load_3d(sb, map_w, full, cb * BK, tap, n0);
+              if constexpr (BKN == 1) {
+#pragma unroll
+                for (int i = 0; i < BN / 64; ++i) tma::load_3d(sb + i * SLAB, map_w, full, n0 + 64 * i, tap, cb * BK);
+              } else if constexpr (BKN == 2) {
+#pragma unroll
+                for (int i = 0; i < BN / 64; ++i) tma::load_4d(sb + i * SLAB, map_w, full, n0 + 64 * i, ss, rr, cb * BK);
+              } else {
+                tma::load_3d(sb, map_w, full, cb * BK, tap, n0);
+              }
             }
           }
         }
@@ -131,8 +148,9 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
           const unsigned long long da = wgmma::desc_sw128(sa + wg * SLAB + kk * 32, 16, 1024);
-          const unsigned long long db = wgmma::desc_sw128(sb + kk * 32, 16, 1024);
-          wgmma::Mma<T, BN, 0, 0>::run(acc, da, db, 1);
+          const unsigned long long db =
+              BKN ? wgmma::desc_sw128(sb + kk * 2048, SLAB, 1024) : wgmma::desc_sw128(sb + kk * 32, 16, 1024);
+          wgmma::Mma<T, BN, 0, BKN ? 1 : 0>::run(acc, da, db, 1);
         }
         wgmma::commit();
         wgmma::wait<1>();  // this warpgroup's group of K tile it - 1 is done: its stage may be refilled

@@ -92,6 +92,32 @@ __device__ __forceinline__ float gelu_fast5(float x) {
   const float u = fminf(fabsf(x), 1e30f) * t;
   return fmaf(-u, e, fmaxf(x, 0.0f));
 }
+// GELU with ONE MUFU (issue 22, the fused matmul epilogue): GELU(x) = max(x, 0) - a Phi(-a) with a = |x| and
+// Phi(-a) = 2^h(a), h = log2 Phi(-a) smooth on [0, inf), held by one degree-9 polynomial in a itself on [0, 12.95]
+// (tools/gelu_ex2.py fits it: minimax, coefficients rounded to float from the top down). gelu_fast5 takes 2 MUFU
+// (RCP, EX2) and 15 instructions an output with the bias add; this 1 MUFU and 14 (min.NaN, 9 FFMA, EX2, max, FFMA).
+// a is clamped at 13 (min.NaN: NaN stays NaN): 2^h(13) = 2^-126.9 flushes to 0 (.ftz), so x >= 13 gives x and
+// x <= -13 (or -inf) -0. Exhaustive float32 scan of this exact sequence (tools/gelu_ex2.py scan, every bit
+// pattern): relative error <= 3.97e-5 for x > -12.9 (at x = -12.615; 1.9e-5 for |x| <= 6; 49x below bfloat16's half
+// ulp, 2^-9; the 16-bit rule's 30x is 6.5e-5), subnormal results likewise beyond their rounding; below x = -12.9,
+// Phi(x) nears 2^-126 and outputs of magnitude <= 1.53e-37 flush to -0 (.ftz). Emitted only with
+// tuning.graph.EPI_GELU_EX2, in fused matmul epilogues whose every output is bfloat16 (codegen.expressions).
+__device__ __forceinline__ float gelu_ex2(float x) {
+  float a, e;
+  asm("{\n\t.reg .f32 t;\n\tabs.f32 t, %1;\n\tmin.NaN.f32 %0, t, 0f41500000;\n\t}" : "=f"(a) : "f"(x));
+  float q = -2.035227986e-09f;
+  q = fmaf(q, a, 1.465483734e-07f);
+  q = fmaf(q, a, -4.646262823e-06f);
+  q = fmaf(q, a, 8.588754281e-05f);
+  q = fmaf(q, a, -1.036967617e-03f);
+  q = fmaf(q, a, 8.734164760e-03f);
+  q = fmaf(q, a, -5.411468074e-02f);
+  q = fmaf(q, a, -4.586054087e-01f);
+  q = fmaf(q, a, -1.151065230e+00f);
+  q = fmaf(q, a, -1.000024796e+00f);
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(q));
+  return fmaf(-a, e, fmaxf(x, 0.0f));
+}
 __device__ __forceinline__ float swish_grad(float v, float beta) {
   float s = 1.0f / (1.0f + expf(-beta * v));
   return s + beta * v * s * (1.0f - s);

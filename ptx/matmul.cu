@@ -158,6 +158,11 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long ld, int r0
 struct NoEpi {
   static constexpr bool kActive = false, kRed = false, kStoreC = true;
 };
+// The plain store of gemm_tma's WIDE tiles through stmatrix (gemm_tma_ps, a candidate: tools/bench_matmul.py's
+// "plain_s"; its launch needs codegen.stsm_smem(0) more shared memory)
+struct NoEpiStsm {
+  static constexpr bool kActive = false, kRed = false, kStoreC = true, kStsm = true;
+};
 // Epi::kStage where it has one (codegen's epilogues: the bytes of a consumer warp's staged column operands,
 // see gemm_tma_body), else 0.
 template <class E, class = void> struct StageBytes {
@@ -165,6 +170,15 @@ template <class E, class = void> struct StageBytes {
 };
 template <class E> struct StageBytes<E, decltype((void)E::kStage, void())> {
   static constexpr int value = E::kStage;
+};
+
+// Epi::kStsm where it has one (codegen's epilogues under tuning.matmul.EPI_STSM: gemm_tma's WIDE store through
+// stmatrix and a 2 KiB shared buffer a consumer warp, stsm_store_tile), else false.
+template <class E, class = void> struct StsmOf {
+  static constexpr bool value = false;
+};
+template <class E> struct StsmOf<E, decltype((void)E::kStsm, void())> {
+  static constexpr bool value = E::kStsm;
 };
 
 // Pass 2: the final values of columns col, col + 1 stored to C (a pair store where PAIR allows).
@@ -686,6 +700,50 @@ __device__ __forceinline__ void wide_store_row(T* crow, const float (&acc)[BN / 
   }
 }
 
+// The WIDE store of a warp's 16 x BN block through shared memory (an active epilogue's values, kStsm;
+// cwarp: C at the block's first row, column n0; sbuf: this warp's 2 KiB buffer, 16 rows x 64 columns of
+// 16-bit values, 128 bytes a row, its 16-byte chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4): no bank
+// conflict for stmatrix's 8-row matrices nor for the 8 lanes of a read-back row). Per 64-column chunk: 4
+// stmatrix.x4 (the fragment's packed pairs as they are: matrix i = rows 8 (i & 1) .., column group j + (i >> 1)),
+// then 4 rounds of a 16-byte shared load and a 16-byte global store a lane (8 lanes a 128-byte row, 4 rows a
+// round). wide_store_row's quad transposes take 16 SEL + 4 SHFL a 4-group round (256 SEL and 64 SHFL a thread
+// a tile, ~17% of the fused GELU epilogue's instructions); this takes 4 STSM, 4 LDS, 2 WARPSYNC a chunk.
+template <class T, int BN>
+__device__ __forceinline__ void stsm_store_tile(T* cwarp, long long ldc, const float (&acc)[BN / 2], unsigned sbuf,
+                                                float scale = 1.0f) {
+  static_assert(sizeof(T) == 2 && BN % 64 == 0, "stsm_store_tile: 16-bit values, 64-column chunks");
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+  const int srow = (lane & 7) + 8 * (mi & 1);  // the row this lane addresses for stmatrix
+#pragma unroll
+  for (int ch = 0; ch < BN / 64; ++ch) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int j = 8 * ch + 2 * q;  // column groups j, j + 1 (8 columns each)
+      const unsigned r0 = pack16x2<T>(scale * acc[4 * j], scale * acc[4 * j + 1]);
+      const unsigned r1 = pack16x2<T>(scale * acc[4 * j + 2], scale * acc[4 * j + 3]);
+      const unsigned r2 = pack16x2<T>(scale * acc[4 * j + 4], scale * acc[4 * j + 5]);
+      const unsigned r3 = pack16x2<T>(scale * acc[4 * j + 6], scale * acc[4 * j + 7]);
+      const unsigned c = (unsigned)(2 * q + (mi >> 1));
+      const unsigned a = sbuf + (unsigned)srow * 128u + ((c ^ (unsigned)(srow & 7)) << 4);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r0), "r"(r1),
+                   "r"(r2), "r"(r3)
+                   : "memory");
+    }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const int r = mi + 4 * it, c = lane & 7;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(sbuf + (unsigned)r * 128u + ((unsigned)(c ^ (r & 7)) << 4))
+                   : "memory");
+      *reinterpret_cast<uint4*>(cwarp + (long long)r * ldc + 64 * ch + 8 * c) = v;
+    }
+    __syncwarp();  // every lane's reads done before the next chunk's stmatrix
+  }
+}
+
 // The plain GEMM's store (no active epilogue) of one warpgroup's 64 x BN accumulator fragment of the 128 x BN
 // tile at (m0, n0) of C (batch already applied), warpgroup wg: alpha * acc + beta * C + bias. Shared by
 // gemm_wgmma_body and wg_epilogue (gemm_tma); only the plain kernels take it, so the fused epilogues' code (an
@@ -740,7 +798,7 @@ __device__ __forceinline__ void wg_plain_store(const MatmulParams& p, const floa
 // issued before the K loop), 0 where the tile has none: the FAST path then reads them from there.
 template <class T, int BN, int THREADS, bool WIDE = false, int T0 = 0, class Epi>
 __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& epi, float (&acc)[BN / 2], long long z,
-                                            int tm, int tn, int wg, unsigned sb = 0u) {
+                                            int tm, int tn, int wg, unsigned sb = 0u, unsigned ss = 0u) {
   constexpr int BM = 128;
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int m0 = tm * BM, n0 = tn * BN;
@@ -749,6 +807,12 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
   if constexpr (WIDE && !Epi::kActive && sizeof(T) == 2) {
     constexpr unsigned F = PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_BETA | PYDNN_MATMUL_FLAG_BIAS | PYDNN_MATMUL_FLAG_C16;
     if (m0 + BM <= p.m && n0 + BN <= p.n && (p.flags & F) == (PYDNN_MATMUL_FLAG_PAIR | PYDNN_MATMUL_FLAG_C16)) {
+      if constexpr (StsmOf<Epi>::value) {  // NoEpiStsm (gemm_tma_ps, a candidate)
+        if (ss) {
+          stsm_store_tile<T, BN>(C + (long long)(m0 + wg * 64 + warp * 16) * p.ldc + n0, p.ldc, acc, ss, p.alpha);
+          return;
+        }
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         wide_store_row<T, BN>(C + (long long)(m0 + wg * 64 + warp * 16 + (lane >> 2) + h * 8) * p.ldc + n0, acc, h,
@@ -809,8 +873,17 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
         if constexpr (WIDE && sizeof(T) == 2) {
           wide = FAST && (p.flags & PYDNN_MATMUL_FLAG_C16);
           if (wide) {
+            if constexpr (StsmOf<Epi>::value) {
+              if (ss) {
+                stsm_store_tile<T, BN>(C + (long long)(m0 + wg * 64 + warp * 16) * p.ldc + n0, p.ldc, acc, ss);
+              } else {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) wide_store_row<T, BN>(C + (long long)row_of(h) * p.ldc + n0, acc, h, 1.0f);
+                for (int h = 0; h < 2; ++h) wide_store_row<T, BN>(C + (long long)row_of(h) * p.ldc + n0, acc, h, 1.0f);
+              }
+            } else {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) wide_store_row<T, BN>(C + (long long)row_of(h) * p.ldc + n0, acc, h, 1.0f);
+            }
           }
         }
         if (!wide) {
@@ -1480,6 +1553,11 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
       // are done before any lane's copy may land.
       constexpr int SB = CM == 1 ? StageBytes<Epi>::value : 0;
       const unsigned stg = ((full0 + 16 * STAGES + 127u) & ~127u) + (unsigned)(((threadIdx.x >> 5) - 4) * SB);
+      // kStsm: a consumer warp's 2 KiB store buffer after the 8 staging buffers (codegen.stsm_smem)
+      constexpr bool SS = CM == 1 && StsmOf<Epi>::value && WIDE && sizeof(T) == 2;
+      const unsigned ssb = SS ? ((full0 + 16 * STAGES + 127u) & ~127u) + ((8u * SB + 127u) & ~127u) +
+                                    (unsigned)(((threadIdx.x >> 5) - 4) * 2048)
+                              : 0u;
       for (long long item = first; item < items; item += step) {
         long long z;
         int tm, tn;
@@ -1544,7 +1622,7 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
         PYDNN_TL_AT(TL_DONE);
 #endif
         if (ktiles > 0 && signals) release((it - 1) % STAGES);
-        if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg, sb);
+        if (tm < p.tiles_m) wg_epilogue<T, BN, 256, WIDE, 128>(p, epi, acc, z, tm, tn, wg, sb, ssb);
 #ifdef PYDNN_GEMM_TL
         PYDNN_TL_AT(TL_EPI);
         if (signals) PYDNN_TL_PUT(tlr, tlt, TL_FULLW, tlw);
@@ -1566,6 +1644,12 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
 template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false, bool PP = false>
 __global__ void __launch_bounds__(384, 1) gemm_tma(const __grid_constant__ MatmulTmaParams q) {
   gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE, PP>(q, NoEpi());
+}
+
+// gemm_tma with the WIDE store through stmatrix (NoEpiStsm; a candidate, no installed unit)
+template <class T, int BN, int STAGES, bool TA, bool TB, bool WIDE = false, bool PP = false>
+__global__ void __launch_bounds__(384, 1) gemm_tma_ps(const __grid_constant__ MatmulTmaParams q) {
+  gemm_tma_body<T, BN, STAGES, TA, TB, 1, WIDE, PP>(q, NoEpiStsm());
 }
 
 // The 2-CTA cluster form (a candidate; see CM above). The grid is a multiple of 2 blocks. (__cluster_dims__

@@ -93,6 +93,41 @@ __device__ __forceinline__ void cl_sum(float (&v)[R], float* slot) {
   for (int r = 0; r < R; ++r) v[r] = t[r];
 }
 
+// dx of one aligned vector vi of a row (frame position j0 = vi * VEC - a; o: the row's frame base): alpha * invstd *
+// (g - sum g / n - xhat * sum (g xhat) / n) (m1 = sum g / n, 0 for RMS; m2 = sum (g xhat) / n; ai = alpha * invstd),
+// g = dy * scale at the shifted positions, + beta * dx when blending; an edge vector stored element by element.
+template <class T, int VEC>
+__device__ __forceinline__ void dx_vec(const Frag<T, VEC>& fx, const Frag<T, VEC>& fd, T* o, int vi, int j0, int L,
+                                       const float* scale, bool pvec, float ai, float m1, float mean, float inv,
+                                       float m2, bool blend, float beta) {
+  typedef Frag<T, VEC> F;
+  constexpr int Q = VEC / 4;
+  float xa[VEC], d[VEC];
+  rows_get<T, VEC>(fx, xa);
+  rows_get<T, VEC>(fd, d);
+#pragma unroll
+  for (int h = 0; h < Q; ++h) {
+    float w[4];
+    params4(scale, j0 + 4 * h, L, pvec, w);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * h + e;
+      xa[i] = ai * (d[i] * w[e] - m1 - (xa[i] - mean) * inv * m2);
+    }
+  }
+  if (blend) {
+    F old;
+    old.load(o + vi * VEC);
+    old.get(d);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) xa[e] += beta * d[e];
+  }
+  F out;
+  out.set(xa);
+  if (j0 >= 0 && j0 + VEC <= L) out.store(o + vi * VEC);
+  else store_part<T, VEC>(out, o + vi * VEC, -j0, L - j0);
+}
+
 }  // namespace rowx
 
 // Forward (rowx): G threads per row (blockDim / G rows per block, one-shot blocks), ITEMS aligned vectors
@@ -368,30 +403,7 @@ __device__ __forceinline__ void bwd_rowx_body(const NormParams& p) {
     for (int k = 0; k < ITEMS; ++k) {
       const int vi = lane + (k * CL + rank) * G, j0 = vi * VEC - a;
       if (vi >= nsv) continue;
-      float xa[VEC], d[VEC];
-      rows_get<T, VEC>(bx[k], xa);
-      rows_get<T, VEC>(bd[k], d);
-#pragma unroll
-      for (int h = 0; h < Q; ++h) {
-        float w[4];
-        rowx::params4(p.scale, j0 + 4 * h, L, pvec, w);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 4 * h + e;
-          xa[i] = ai * (d[i] * w[e] - m1 - (xa[i] - mean) * inv * m2);
-        }
-      }
-      if (blend) {
-        F old;
-        old.load(o + vi * VEC);
-        old.get(d);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) xa[e] += beta * d[e];
-      }
-      F out;
-      out.set(xa);
-      if (j0 >= 0 && j0 + VEC <= L) out.store(o + vi * VEC);
-      else rowx::store_part<T, VEC>(out, o + vi * VEC, -j0, L - j0);
+      rowx::dx_vec<T, VEC>(bx[k], bd[k], o, vi, j0, L, p.scale, pvec, ai, m1, mean, inv, m2, blend, beta);
     }
   }
   if constexpr (CL > 1) cluster_sync();  // (no block leaves while another reads its slots)
@@ -566,30 +578,57 @@ __global__ void __launch_bounds__(1024) bwd_split_dx(const NormParams p) {
 
 constexpr int kSplitParamsThreads = 256;
 
-template <class T, int VEC>
-__global__ void __launch_bounds__(kSplitParamsThreads) bwd_split_params(const NormParams p) {
+// The dscale / dbias partials of the split backward, sum dy * xhat and sum dy of each (row chunk, parameter):
+// threads over a row's vectors (blockDim.x) and the chunk's rows (blockDim.y, U rows in flight), the row threads
+// summed in a fixed tree; slot = blockIdx.y. FRAME false (bwd_split_params): whole-vector rows, chunk = blockIdx.y
+// of p.group rows. FRAME true (bwd_xsplit_params, below): rows of any length in their aligned frame, blockIdx.y =
+// chunk * P + class (P = p.pf), the chunk's p.group rows of that alignment class (every row of a class starts at
+// the same offset a from a 16-byte boundary, so a thread keeps the same positions); the edge vectors' other
+// elements are not counted, not written; every slot covers every position once (empty chunks write zeros).
+template <class T, int VEC, bool FRAME>
+__device__ __forceinline__ void split_params_body(const NormParams& p) {
   typedef Frag<T, VEC> F;
   constexpr int U = 4;  // rows in flight per thread
   __shared__ float red[2][kSplitParamsThreads * VEC];
   const int bx = (int)blockDim.x, by = (int)blockDim.y, tx = (int)threadIdx.x, ty = (int)threadIdx.y;
   const int idx = ty * bx + tx;
-  const int nvec = (int)(p.len / VEC), vi = (int)blockIdx.x * bx + tx;
   const bool rms = p.flags & PYDNN_NORM_FLAG_RMS;
   const i64 sx = p.set_stride[0][0], sd = p.set_stride[2][0], ss = p.set_stride[3][0];
-  const i64 r0 = (i64)blockIdx.y * p.group, r1 = min(p.sets, r0 + (i64)p.group);
+  int nvec, a = 0, lo = 0, hi = VEC, P = 1, cls = 0;
+  i64 r0, r1;
+  const int vi = (int)blockIdx.x * bx + tx;
+  if constexpr (FRAME) {
+    const int L = (int)p.len;
+    P = p.pf;
+    cls = (int)(blockIdx.y % (unsigned)P);
+    a = (int)(((i64)cls * sx) % VEC);
+    nvec = (a + L + VEC - 1) / VEC;
+    const int j0 = vi * VEC - a;
+    lo = j0 < 0 ? -j0 : 0;
+    hi = L - j0 < VEC ? L - j0 : VEC;  // this vector's elements in the row
+    const i64 R = p.sets, nrows = cls < R ? (R - cls + P - 1) / P : 0;  // rows of the class
+    r0 = (i64)(blockIdx.y / (unsigned)P) * p.group;
+    r1 = min(nrows, r0 + (i64)p.group);
+  } else {
+    nvec = (int)(p.len / VEC);
+    r0 = (i64)blockIdx.y * p.group;
+    r1 = min(p.sets, r0 + (i64)p.group);
+  }
   float s[VEC], b[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) s[j] = b[j] = 0.0f;
   if (vi < nvec) {
-    const T* x = (const T*)p.x + vi * VEC;
-    const T* dy = (const T*)p.dy + vi * VEC;
+    const i64 off = FRAME ? (i64)vi * VEC - a : vi * VEC;  // (whole-vector rows: int, as before the frame)
+    const T* x = (const T*)p.x + off;
+    const T* dy = (const T*)p.dy + off;
     for (i64 r = r0 + ty; r < r1; r += (i64)by * U) {
       F fx[U], fd[U];
       float mu[U], iv[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const i64 rr = r + (i64)u * by;
-        if (rr < r1) {
+        const i64 t = r + (i64)u * by;
+        if (t < r1) {
+          const i64 rr = FRAME ? cls + (i64)P * t : t;
           fx[u].load(x + rr * sx);
           fd[u].load(dy + rr * sd);
           mu[u] = rms ? 0.0f : p.mean[rr * ss];
@@ -599,12 +638,13 @@ __global__ void __launch_bounds__(kSplitParamsThreads) bwd_split_params(const No
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (r + (i64)u * by < r1) {
-          float a[VEC], d[VEC];
-          rows_get<T, VEC>(fx[u], a);
+          float xa[VEC], d[VEC];
+          rows_get<T, VEC>(fx[u], xa);
           rows_get<T, VEC>(fd[u], d);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            s[j] = fmaf(d[j], (a[j] - mu[u]) * iv[u], s[j]);
+            if (FRAME && (j < lo || j >= hi)) continue;  // (an edge vector's other rows)
+            s[j] = fmaf(d[j], (xa[j] - mu[u]) * iv[u], s[j]);
             b[j] += d[j];
           }
         }
@@ -631,13 +671,98 @@ __global__ void __launch_bounds__(kSplitParamsThreads) bwd_split_params(const No
     __syncthreads();
   }
   if (ty == 0 && vi < nvec) {
-    float* ws = p.ws + (i64)blockIdx.y * 2 * p.nparams + vi * VEC;
+    float* ws = p.ws + (i64)blockIdx.y * 2 * p.nparams + (FRAME ? (i64)vi * VEC - a : vi * VEC);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
+      if (FRAME && (j < lo || j >= hi)) continue;
       ws[j] = s[j];
       ws[p.nparams + j] = b[j];
     }
   }
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kSplitParamsThreads) bwd_split_params(const NormParams p) {
+  split_params_body<T, VEC, false>(p);
+}
+
+// ------------------------------------------------------------------ split backward, rows of any length (xsplit)
+
+// The split backward (bwd_split_dx / bwd_split_params above) in the rowx kernels' aligned frame: contiguous
+// layer / RMS rows of any length (row r starts a = (r * stride) mod VEC elements past a 16-byte boundary; its
+// nsv = ceil((a + len) / VEC) aligned vectors; the edge vectors' other elements masked: never counted, never
+// written), for rows the one-row-in-registers kernels serve only with a cluster per row (bwd_rowx_cl) or not
+// at all. bwd_xsplit_dx: a block per row, two passes over x and dy (the second mostly from L2), dx stored
+// (the edge vectors element by element); bwd_xsplit_params: a block takes rows of ONE alignment class (c =
+// blockIdx.y mod P, P = p.pf as bwd_rowx's) so that each thread keeps the same positions in every row: the
+// (class, chunk of p.group class rows, vector tile) partials sum dy * xhat, sum dy; slot = blockIdx.y (every
+// slot covers all positions: the class's frame covers each position once; chunks past a class's rows write
+// zeros), summed in slot order by finish_rowx. Every order is fixed: bitwise reproducible.
+template <class T, int VEC>
+__global__ void __launch_bounds__(1024) bwd_xsplit_dx(const NormParams p) {
+  typedef Frag<T, VEC> F;
+  // U: vectors of x and of dy in flight per thread (16-bit: 2; 4 spilled 184 bytes at __launch_bounds__(1024)'s
+  // 64 registers, sm_90: params4's shifted parameter reads hold 8 floats per 4 positions)
+  constexpr int U = sizeof(T) == 4 ? 4 : 2, Q = VEC / 4;
+  __shared__ __align__(16) float sm[32][2];
+  const int G = (int)blockDim.x, t = (int)threadIdx.x;
+  const i64 row = blockIdx.x;
+  const int L = (int)p.len;
+  const bool rms = p.flags & PYDNN_NORM_FLAG_RMS, blend = p.flags & PYDNN_FLAG_BETA;
+  const float alpha = (float)p.alpha, beta = (float)p.beta, inv_len = 1.0f / (float)L;
+  const bool pvec = (reinterpret_cast<unsigned long long>(p.scale) & 15) == 0;
+  const i64 sx = p.set_stride[0][0], ss = p.set_stride[3][0];
+  const int a = (int)((row * sx) % VEC);
+  const int nsv = (a + L + VEC - 1) / VEC;
+  const T* x = (const T*)p.x + (row * sx - a);
+  const T* dy = (const T*)p.dy + (row * p.set_stride[2][0] - a);
+  T* o = (T*)p.out + (row * p.set_stride[1][0] - a);
+  const float mean = rms ? 0.0f : p.mean[row * ss], inv = p.invstd[row * ss];
+  float r[2] = {0.0f, 0.0f};
+  for (int v0 = t; v0 < nsv; v0 += U * G) {
+    F fx[U], fd[U];
+    split_load<T, VEC, U>(x, dy, v0, G, nsv, fx, fd);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int vi = v0 + u * G, j0 = vi * VEC - a;
+      if (vi >= nsv) continue;
+      float xa[VEC], d[VEC];
+      rows_get<T, VEC>(fx[u], xa);
+      rows_get<T, VEC>(fd[u], d);
+      if (j0 < 0 || j0 + VEC > L)  // an edge vector: the other rows' elements add nothing
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (j0 + e < 0 || j0 + e >= L) xa[e] = mean, d[e] = 0.0f;
+#pragma unroll
+      for (int h = 0; h < Q; ++h) {
+        float w[4];
+        rowx::params4(p.scale, j0 + 4 * h, L, pvec, w);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float xh = (xa[4 * h + e] - mean) * inv, g = d[4 * h + e] * w[e];
+          r[0] += g;
+          r[1] = fmaf(g, xh, r[1]);
+        }
+      }
+    }
+  }
+  rows_sum<2>(r, G, sm);
+  const float m1 = rms ? 0.0f : r[0] * inv_len, m2 = r[1] * inv_len, ai = alpha * inv;
+  for (int v0 = t; v0 < nsv; v0 += U * G) {
+    F fx[U], fd[U];
+    split_load<T, VEC, U>(x, dy, v0, G, nsv, fx, fd);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int vi = v0 + u * G, j0 = vi * VEC - a;
+      if (vi >= nsv) continue;
+      rowx::dx_vec<T, VEC>(fx[u], fd[u], o, vi, j0, L, p.scale, pvec, ai, m1, mean, inv, m2, blend, beta);
+    }
+  }
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kSplitParamsThreads) bwd_xsplit_params(const NormParams p) {
+  split_params_body<T, VEC, true>(p);
 }
 
 // finish for bwd_rowx's slots (a copy of normalization.cu's finish, so that the rowx backward loads from this

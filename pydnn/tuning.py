@@ -130,10 +130,25 @@ def describe():
     return "\n\n".join(fam.describe() for fam in FAMILIES.values())
 
 
+def _items(text):
+    """`text` split at ';' and at ',' outside brackets (a tuple or set literal keeps its commas)."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == ";" or (ch == "," and depth <= 0):
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
 def apply_environment(text=None):
-    """Apply PYDNN_TUNING (or `text`): `family.SWITCH=literal` settings separated by ';' or ','."""
+    """Apply PYDNN_TUNING (or `text`): `family.SWITCH=literal` settings separated by ';' or ',' (commas inside
+    brackets belong to the literal: `activation.PLAIN_ACCESS=(1, 2)`)."""
     text = os.environ.get("PYDNN_TUNING", "") if text is None else text
-    for item in text.replace(",", ";").split(";"):
+    for item in _items(text):
         if not item.strip():
             continue
         name, eq, value = item.partition("=")
@@ -164,6 +179,17 @@ conv = Switches(
                     "never (tools/bench_conv_tma.py; H200 mid-session run 3: 1.10-1.30x fwd_wgmma on 11 forward "
                     "rows, geomean vs cuDNN 0.594 -> 0.706)"),
     FWD_TMA_BN=(None, "fwd_tma's tile width in output channels (64, 128 or 256); None: conv_tma._bn's choice"),
+    DGRAD_TMA=(True, "sm_90: a call's own unsplit stride-1 backward-data plan on fwd_wgmma runs fwd_tma instead "
+                     "(the forward of dy; B read MN-major from the packed KRSC filter by TMA, or from "
+                     "filter_kc_swap's copy where the replaced plan is the swap's; conv_tma.tma_dgrad_top): True "
+                     "where C >= conv_tma.MIN_K, no tiling is forced and conv_tma.slower_than_replaced does not "
+                     "object, \"always\" also under a forced tiling (tests, benchmarks), False never "
+                     "(tools/bench_dgrad_tma.py; H200 session 32: fwd_tma / fwd_wgmma 1.10-1.30x on 11 rows, "
+                     "1.146x geomean over the sweep's 82 stride-1 points with the rule; its units compile on first use, "
+                     "pydnn/_build/rare.py)"),
+    DGRAD_TMA_PHASES=(False, "as DGRAD_TMA for the stride-1 phases of a strided backward data (dgrad_phases.py): "
+                             "each phase's fwd_wgmma plan on fwd_tma (B through a 4-d map of the phase's "
+                             "sub-filter view)"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),
@@ -327,6 +353,8 @@ batchnorm = Switches(
     NC_RES_WAVE=(True, 'NC_RES where its register-resident blocks need more than one wave: the streaming form (4 '
                        'elements a thread in registers, the rest read in each pass, blocks that keep every channel in '
                        'one wave); the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES_SU=(4, "NC_RES_WAVE's streaming passes: elements a thread loads together per step (4, or 1: the form "
+                  'session 31\'s run 2 measured, compiled on first use); the reasons: pydnn/ops/batchnorm.py'),
     NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
                        'reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
@@ -368,6 +396,24 @@ norm = Switches(
                      'reasons: pydnn/ops/normalization.py'),
     BWD_SPLIT_16=(True, 'BWD_SPLIT for 16-bit rows as well (RMS bf16 1478 x 32768: 0.551x -> 1.116x PyTorch, H200; '
                         'False: float only); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT=(True, 'layer / RMS rows of any length whose backward takes a cluster per row (bwd_rowx_cl) or no vector '
+                  'kernel, at least as many as the SMs: bwd_xsplit_dx (a block per row, two passes, the aligned '
+                  'frame) + bwd_xsplit_params (dscale / dbias per alignment class and row chunk) + finish_rowx (LN '
+                  'fp16 2402 x 34823: bwd_rowx_cl 0.63-0.69x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_ANY=(False, 'XSPLIT for every rowx row backward with rows >= SMs, bwd_rowx (one block a row) too (LN bf16 '
+                       '417 x 2770: bwd_rowx 0.58-0.67x PyTorch, H200); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_FILL=(0.6, "XSPLIT also where bwd_rowx's group would hold a row's vectors in under this fraction of its slots "
+                      '(idle lanes: fewer bytes in flight) and the tensor is at least XSPLIT_FILL_BYTES (RMS fp16 17244 x '
+                      '4231: 0.975x -> 1.19x PyTorch, bf16 81995 x 9188: 1.05x -> 1.24x, H200); 0: off; the reasons: '
+                      'pydnn/ops/normalization.py'),
+    XSPLIT_FILL_BYTES=(32 << 20, 'XSPLIT_FILL: tensors of at least this many bytes (RMS bf16 665 x 2277, 3 MB, 56% full, '
+                                 'keeps bwd_rowx: 0.0189 against 0.0281 ms); the reasons: pydnn/ops/normalization.py'),
+    XSPLIT_SLOTS=(False, "XSPLIT for bwd_rowx's one-block rows where its dscale / dbias slots (written and read back) "
+                         'outweigh the split\'s second read of x and dy (LN bf16 417 x 2770: 18.6 MB against 4.6; '
+                         'measured slower than bwd_rowx with ROWX_BWD_WS16: 0.0339 against 0.0260 ms, H200); the '
+                         'reasons: pydnn/ops/normalization.py'),
+    XSPLIT_DX_BLOCK=(512, "bwd_xsplit_dx's largest block (1024: alone on its SM at 64 registers); the reasons: "
+                          'pydnn/ops/normalization.py'),
     ROWX_BWD_LONG=(True, 'whole-vector layer / RMS rows whose backward the whole-vector kernels serve only with the '
                          '8-block cluster kernel: bwd_rowx when one block holds the row and the rows are at least '
                          'the SMs (RMS fp32 5315 x 8192 0.73x -> 1.31x PyTorch, H200; rows the whole-vector kernels '
@@ -376,8 +422,9 @@ norm = Switches(
     ROWX_BWD_ROWS=(1, "bwd_rowx's grid: each group walks at least this many rows of its alignment class (1: as many "
                       'blocks as rows up to the resident limit; more: fewer dscale / dbias partial slots for finish; '
                       '8 gave LN bf16 417 x 2770 34.3 us against 35.1, H200); the reasons: pydnn/ops/normalization.py'),
-    ROWX_BWD_WS16=(False, "bwd_rowx (no cluster): the dscale / dbias slot written in order with 16-byte stores instead "
-                          "of one float at a time; the reasons: pydnn/ops/normalization.py"),
+    ROWX_BWD_WS16=(True, "bwd_rowx (no cluster): the dscale / dbias slot written in order with 16-byte stores instead "
+                         "of one float at a time (LN bf16 417 x 2770 0.93x -> 1.27x PyTorch, H200); the reasons: "
+                         "pydnn/ops/normalization.py"),
     ROWX_BWD_CL_BLOCK=(256, "bwd_rowx_cl's blocks: at most this many threads when a cluster of 2 / 4 / 8 holds the "
                             'row so (two blocks per SM; 512: one); the reasons: pydnn/ops/normalization.py'),
     FINISH=((32, 32), "finish's block: FINISH = (parameters, slot groups); see finish in the .cu; the reasons: "
@@ -485,6 +532,12 @@ matmul = Switches(
     FUSED_PP=(False, 'sm_90, where a fused (graph) GEMM runs gemm_tma: its kernel is the ping-pong form (TMA_PP_TILE: '
                      "a consumer warpgroup's epilogue overlaps the other's wgmmas) instead of TMA_TILE, except a row "
                      'reduction; the reasons: pydnn/ops/matmul.py at TMA_PP_TILE'),
+    EPI_STSM=(True, 'sm_90, a fused (graph) GEMM on gemm_tma\'s cooperative tile with 16-bit outputs: its WIDE store '
+                    'through stmatrix and a 2 KiB shared buffer a consumer warp (ptx/matmul.cu stsm_store_tile: 4 STSM + '
+                    '4 LDS.128 + 4 STG.128 a 64-column chunk) instead of quad transposes in registers (256 SEL + 64 SHFL a '
+                    'thread a tile); +16 KiB of shared memory (218 KiB a block with the staged bias). H200 timeline: the '
+                    'bias + GELU epilogue 7.88 -> 7.13 kc a tile (16384x4096x4096), 7.90 -> 7.14 (16384x11008x4096); the '
+                    'plain kernel gains the same way (gemm_tma_ps, a candidate: 3.11 -> 2.43 kc) but is not switched yet'),
     FUSED_STAGE=(True, 'sm_90, a fused (graph) GEMM on gemm_tma (cooperative tile, no row reduction, every input a '
                        'column operand): its column operands (a bias) are copied into shared memory by cp.async at '
                        'the start of each tile (hidden by the K loop) and read from there in the epilogue, instead of '
@@ -620,8 +673,9 @@ attention_bwd = Switches(
 
 activation = Switches(
     "activation", 'activations (pydnn/ops/activation.py)',
-    PLAIN_ACCESS=((), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0); the others stream '
-                      '(evict-first); the reasons: pydnn/ops/activation.py'),
+    PLAIN_ACCESS=((1, 0), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0): RELU (1), SIGMOID (0) '
+                          '(ReLU backward fp32 297888 x 256 0.95x -> 1.00x PyTorch plain, H200); the others stream '
+                          '(evict-first); the reasons: pydnn/ops/activation.py'),
 )
 
 softmax = Switches(
@@ -640,10 +694,11 @@ tensor_ops = Switches(
     BROADCAST_ROWS_SCALAR=(True, 'map_rows with 1-element accesses for rows whose length or strides are not a '
                                  'multiple of the 16-byte vector (else map_strided: bias 8659 x 50083 fp32 at '
                                  '0.49x PyTorch, 1.02x with it, H200); the reasons: pydnn/ops/tensor_ops.py'),
-    PLAIN_BYTES=(40 << 20, 'dense ScaleTensor / AddTensor / OpTensor whose operands (output and inputs) total at '
-                           'most this many bytes keep the plain cache policy (map_contig HINT 0) instead of '
-                           'evict-first streaming: they fit in L2 (50 MB on the H100 / H200); 0: always stream; '
-                           'the reasons: pydnn/ops/tensor_ops.py'),
+    PLAIN_BYTES=(1 << 40, 'dense ScaleTensor / AddTensor / OpTensor whose operands (output and inputs) total at '
+                          'most this many bytes keep the plain cache policy (map_contig HINT 0) instead of '
+                          'evict-first streaming (1 TiB: all; 40 MiB, the L2, before session 32: OpTensor ADD fp32 '
+                          '5070 x 32768 0.95x -> 1.00x PyTorch plain, H200); 0: always stream; the reasons: '
+                          'pydnn/ops/tensor_ops.py'),
 )
 
 reduce = Switches(
@@ -912,6 +967,13 @@ graph = Switches(
                         "(gelu_fast5: <= 1.5e-5 relative, 130x below bfloat16's half ulp; 2 FFMA an element less: "
                         "the chain's loop 27.0 instructions an element at 2 runs; H200, broadcast chain, 2 runs, 8 "
                         "resident, 4 waves: 311 -> 296 us)"),
+    EPI_GELU_EX2=(True, "with PW_GELU_FAST, GELU_FWD in a fused matmul epilogue whose every output is bfloat16 as "
+                        "gelu_ex2 (one MUFU: max(x, 0) - |x| 2^h(|x|), h a degree-9 polynomial; <= 3.97e-5 relative, "
+                        "every float32 scanned, tools/gelu_ex2.py) instead of gelu_fast5 (RCP + EX2): 14 instructions an "
+                        "output with the bias add instead of 15, half the MUFU work. H200 timeline (clock64, every SM): "
+                        "the bias + GELU epilogue 7.88 -> 7.57 kc a tile (16384x4096x4096) and 7.90 -> 7.59 "
+                        "(16384x11008x4096); with EPI_STSM 7.13 -> 6.81 / 7.14 -> 6.83. Off: gelu_fast5 (<= 1.5e-5); "
+                        "the pointwise chain keeps gelu_fast5 (not measured there)"),
     PW_TANH_FAST=(True, "TANH_FWD in a generated kernel whose outputs are all bfloat16 by tanh.approx.f32 (MUFU.TANH, "
                         "<= 2^-10.99 relative, a quarter of bfloat16's half ulp; the RNN's PERSIST_FAST_MATH form): 1 "
                         "instruction where tanhf takes ~15, tanh_nonneg 12; off: tanhf / tanh_nonneg. With PW_GELU_FAST "

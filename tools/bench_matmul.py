@@ -232,6 +232,7 @@ Versions (H200; TFLOP/s and ratio to torch.matmul in the same run; torch's cuBLA
   4-stage candidates (+0-2%), an epilogue through shared memory (16-byte stores), split-K for skinny
   problems (the batched per-head case is at 0.32x).
 """
+import re
 import torch
 
 import pydnn
@@ -677,7 +678,7 @@ def _fused_graph(h, m, n, k, tb, kind):
     v = g.matmul(x, w)
     if kind != "gelu_nob":
         v = g.add(v, g.tensor(name="b", dim=[1, 1, n]))
-    if kind in ("gelu", "gelu16", "gelu_erf", "gelu_nob"):
+    if kind in ("gelu", "gelu16", "gelu_erf", "gelu_nob") or _form(kind) is not None:
         v = g.gelu(v)
     elif kind == "bias":
         pass
@@ -726,13 +727,29 @@ class _TmaTile:
         M._tma_tile, tuning.matmul.USE_TMA = self.orig, self.use
 
 
+def _form(kind):
+    """(ex2, stsm) of a session-32 GELU kind: "gelu5" (gelu_fast5), "gelu1" (gelu_ex2), then "s" (EPI_STSM on; off
+    without): e.g. "gelu1s"; None for any other kind."""
+    m = re.fullmatch(r"gelu([15])(s?)", kind)
+    return None if m is None else (m.group(1) == "1", m.group(2) == "s")
+
+
 def _base(kind):
     return kind[:-3] if kind.endswith(("_st", "_ns")) else kind
 
 
+PS_UNIT = "matmul.tmabenchps{}.bf16"  # "plain_s": gemm_tma_ps, the plain store through stmatrix (a candidate)
+
+
+def _ps_expr(tb):
+    return _expr(M.TMA_TILE, tb).replace("gemm_tma<", "gemm_tma_ps<", 1)
+
+
 def _kinds_of(tile, kinds):
     """The fused graphs a variant runs: on the ping-pong tile no row reduction, no "_st" / "_ns" or diagnostic
-    ("bias", "gelu_nob") forms; the gelu one alone on wgmma."""
+    ("bias", "gelu_nob") forms; the gelu one alone on wgmma. ("plain_s" is no graph: the plain kernel's
+    stmatrix-store candidate, on TMA_TILE only.)"""
+    kinds = tuple(kd for kd in kinds if kd != "plain_s")
     if tile is None:
         return tuple(kd for kd in kinds if kd.startswith("gelu") and kd == _base(kd) and kd != "gelu_nob")
     if tile.pp:
@@ -749,10 +766,13 @@ def _tma_bench_unit(tile, tb):
 def _build(g, kind):
     """build_plans; kind "gelu": the graph's defaults (a bfloat16 output: gelu_fast5, tuning.graph.PW_GELU_FAST and
     PW_GELU_DEG5, <= 1.5e-5 relative); "gelu16": the degree-7 gelu_fast (PW_GELU_DEG5 off, <= 7.9e-6);
-    "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults)."""
+    "gelu_erf": erff's form (PW_GELU_FAST off; what "gelu" measured before the chain's defaults); "gelu1": the
+    one-MUFU gelu_ex2 (tuning.graph.EPI_GELU_EX2 on, <= 4e-5); "gelu5": gelu_fast5 (EPI_GELU_EX2 off); a suffix
+    "s": the WIDE store through stmatrix (tuning.matmul.EPI_STSM on; off in the others)."""
     from pydnn import tuning
 
-    keep = tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE
+    keep = (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE, tuning.graph.EPI_GELU_EX2,
+            tuning.matmul.EPI_STSM)
     if kind.endswith(("_st", "_ns")):
         tuning.matmul.FUSED_STAGE = kind.endswith("_st")
     kind = _base(kind)
@@ -760,10 +780,14 @@ def _build(g, kind):
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, False
     elif kind == "gelu_erf":
         tuning.graph.PW_GELU_FAST = False
+    elif _form(kind) is not None:
+        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, True
+        tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM = _form(kind)
     try:
         g.build_operation_graph().create_execution_plans().check_support().build_plans()
     finally:
-        tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE = keep
+        (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE,
+         tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM) = keep
     return g
 
 
@@ -783,6 +807,9 @@ def _prebuild_fused(h, shapes, kinds, variants, compile=True):
     tbs = sorted({s[4] for s in shapes})
     units = [KernelUnit(_tma_bench_unit(t, tb), "matmul.cu", (_expr(t, tb),), archs=(M.WG_ARCH + "a",))
              for _, t in variants for tb in tbs]
+    if "plain_s" in kinds:
+        units += [KernelUnit(PS_UNIT.format("nt" if tb else "nn"), "matmul.cu", (_ps_expr(tb),),
+                             archs=(M.WG_ARCH + "a",)) for tb in tbs]
     loader.register_units(units)
     orig = engines._compile
     engines._compile = lambda handle, unit: units.append(unit)
@@ -831,9 +858,10 @@ def _power(fns, seconds):
     import time
 
     out = {}
-    for name in [nm for nm in ("plain", "gelu", "gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu", "plain_pp",
-                               "gelu_pp", "relu_pp", "plain_ppc", "gelu_ppc", "relu_ppc", "torch.mm", "gelu(addmm)")
-                 if nm in fns]:
+    order = (("plain", "plain_s", "gelu") + tuple(k for k in fns if _form(k) is not None) +
+             ("gelu_st", "gelu_ns", "gelu16", "gelu_erf", "relu", "plain_pp", "gelu_pp", "relu_pp", "plain_ppc",
+              "gelu_ppc", "relu_ppc", "torch.mm", "gelu(addmm)"))
+    for name in [nm for nm in order if nm in fns]:
         fn = fns[name]
         proc, bus = _gpu_sampler()
         if proc is None:
@@ -898,6 +926,18 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
             args = d.split("<", 1)[1].split(", ")
             kernels["plain" + vsuf] = f"{d.split('<')[0].split('::')[-1]} {args[1]}/{args[2]}"
             fns["plain" + vsuf] = (lambda plan=plan, cp=c.data_ptr(): plan.launch(h, xp, wp, cp))
+            if vsuf == "" and "plain_s" in kinds and plan.tma is not None:
+                from pydnn.graph import codegen as cg
+
+                plan_s = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
+                rs = plan_s.tma
+                rs.expr, rs.unit = _ps_expr(tb), PS_UNIT.format("nt" if tb else "nn")
+                rs.smem += cg.stsm_smem(0)
+                cs = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                outs["plain_s"] = cs
+                kernels["plain_s"] = kernels["plain"] + " stsm"
+                keep.append((plan_s, cs))
+                fns["plain_s"] = (lambda plan=plan_s, cp=cs.data_ptr(): plan.launch(h, xp, wp, cp))
             if vsuf != suf:
                 continue  # (the candidate's pass: gemm_tma's plain kernel only)
             for kind in _kinds_of(t, kinds):
@@ -915,9 +955,12 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
                 outs[kind + suf] = yk
                 on_tma[kind + suf] = g._plan_obj.built.steps[0].recs[0][0].maps is not None
                 fns[kind + suf] = (lambda g=g, bufs=bufs, wp_=wbuf.data_ptr(): g.execute(bufs, wp_))
-    tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)", "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)",
+    tnames = {"gelu": "gelu(addmm)", "gelu16": "gelu(addmm)",
+              "gelu_erf": "gelu(addmm)", "relu": "relu(addmm)", "plain_s": "torch.mm",
               "residual": "addmm+r", "rowmax": "addmm.amax", "bias": "addmm", "gelu_nob": "gelu(mm)"}
+    tnames.update({kd: "gelu(addmm)" for kd in kinds if _form(_base(kd)) is not None})
     has = {_base(kd[:-len(suf)] if suf and kd.endswith(suf) else kd) for kd in fns}
+    has = {"gelu" if _form(kd) is not None else kd for kd in has}
     if has & {"gelu", "gelu16", "gelu_erf"}:
         fns["gelu(addmm)"] = lambda: F.gelu(torch.addmm(b, x, w))
     if "relu" in has:
@@ -935,10 +978,11 @@ def _fused_shape(h, dev, label, m, n, k, tb, kinds, rounds, suf, tile, power=0.0
     torch.cuda.synchronize()
     ref = torch.addmm(b, x, w).float()
     mm = torch.mm(x, w).float()
-    want = {"plain": mm, "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
+    want = {"plain": mm, "plain_s": mm, "gelu": F.gelu(ref), "relu": F.relu(ref), "gelu16": None,
             "residual": ref + r.float() if r is not None else None, "rowmax": ref.amax(-1, keepdim=True),
             "bias": ref, "gelu_nob": F.gelu(mm)}
     want["gelu16"] = want["gelu_erf"] = want["gelu"]
+    want.update({kd: want["gelu"] for kd in kinds if _form(_base(kd)) is not None})
     errs = {name: _err(o, want[_base(name[:-len(suf)] if suf and name.endswith(suf) else name)])
             for name, o in outs.items()}
     del ref, want, mm

@@ -64,11 +64,18 @@ class Case:
         self.tile = tile
         self.units = []
         with BM._TmaTile(tile):
-            if kind == "plain":
+            if kind in ("plain", "plain_s"):
                 self.plan = plan = M.gemm_plan(h, BM.BF16, m, n, k)
                 rec = plan.tma
                 assert rec is not None and rec.expr == tile.expr("bf16", False, False), rec and rec.expr
-                u = tl_unit(f"matmul.tl.{variant}.bf16", "matmul.cu", (rec.expr,), (M.WG_ARCH + "a",))
+                if kind == "plain_s":  # gemm_tma_ps: the plain store through stmatrix (a candidate)
+                    from pydnn.graph import codegen as cg
+
+                    assert variant == "coop"
+                    rec.expr = BM._ps_expr(False)
+                    rec.smem += cg.stsm_smem(0)
+                u = tl_unit(f"matmul.tl.{variant}{'.ps' if kind == 'plain_s' else ''}.bf16", "matmul.cu", (rec.expr,),
+                            (M.WG_ARCH + "a",))
                 rec.unit = u.name
                 rec.params.p.stride_a = buf
                 self.units.append(u)
@@ -132,6 +139,18 @@ def check_edges(h, cases, m=1100, n=1096, k=520):
                 y.copy_(c0)
                 plan.launch(h, x.data_ptr(), w.data_ptr(), y.data_ptr(), 0.5, 0.25, b.data_ptr())
                 ref = 0.5 * (x.float() @ w.float()) + 0.25 * c0.float() + b.float()
+            elif c.kind == "plain_s":  # the WIDE store (no beta, no bias) through stmatrix, alpha 0.5
+                from pydnn.graph import codegen as cg
+
+                plan = M.gemm_plan(h, BM.BF16, m, n, k)
+                h.sm_count = sms
+                rec = plan.tma
+                assert rec is not None and rec.grid[0] == blocks
+                rec.expr, rec.unit = BM._ps_expr(False), c.units[0].name
+                rec.smem += cg.stsm_smem(0)
+                rec.params.p.stride_a = buf.data_ptr()
+                plan.launch(h, x.data_ptr(), w.data_ptr(), y.data_ptr(), 0.5)
+                ref = 0.5 * (x.float() @ w.float())
             else:
                 from pydnn.graph import engines
 

@@ -41,11 +41,25 @@ RULES = (
     # --- instantiations only a forced tiling or a non-default tuning switch runs (benchmarks, tests)
     Rule(r"convolution\.wgmma\.(f16|bf16)", r"fwd_wgmma<[^,]+, (64, 4, 2|128, 4, 1)(, 0, 1)?>$",
          "fwd_wgmma's plain copy loop (tensor_core.WGM_VARIANTS): only tuning.conv.TC_FORCE runs it"),
+    # Backward data on fwd_tma (tuning.conv.DGRAD_TMA, on; session 32): its 6 units cost what the forward's twins do
+    # (tools/build_stats.py, this host: bn64 1.0 / 1.0, bn128 2.4 / 2.8 and 3.5 / 3.4, bn256 6.9 / 8.6 and 9.1 CPU s,
+    # dgrad / forward), ~47 model s: installed, the 2-core replay predicted 319 s against issue 21's 300 (main: 299).
+    # A training job's first backward data on them compiles its data type's widths at once, in parallel (the longest,
+    # bn256, ~9 CPU s), then they are cached; `python -m pydnn build --all --only convolution.tma_dgrad` ahead.
+    Rule(r"convolution\.tma_dgrad\.bn(64|128|256)\.(f16|bf16)", r"",
+         "backward data on fwd_tma (tuning.conv.DGRAD_TMA): ~47 model s of a 2-core install that issue 21's 300 s "
+         "budget has no room for; the first training step compiles a data type's widths at once, in parallel",
+         together=True),
+    Rule(r"convolution\.tma_phase\.bn(64|128|256)\.(f16|bf16)", r"",
+         "fwd_tma<..., BKN = 2>: a strided backward data's phases on fwd_tma, only under tuning.conv.DGRAD_TMA_PHASES "
+         "(off: not measured yet)"),
     Rule(r"convolution\.wgrad\.(f16|bf16)", r"wgrad_tc_wgmma<[^,]+, (128, 128, 4, 1, 1|64, 128, 4, 2, 1)>$",
          "wgrad_tc_wgmma's V 1 copy loop (wgrad_wgmma.VARIANTS): only a forced tiling runs it"),
     Rule(r"convolution\.(f16|bf16)", r"::wgrad_tc<",
          "wgrad_tc: the backward filter takes wgrad_pipe_tc (tuning.conv.WG_PIPE) unless dy is not packed NHWC "
          "or spans 2^31 elements (problem.wgp_refusal), or a forced tiling names it"),
+    Rule(r"batchnorm\.(f32|f16|bf16)", r"::nc_res<[^<>]*, true, 1>$",
+         "nc_res's streaming form loading one element a step: only tuning.batchnorm.NC_RES_SU = 1 runs it"),
     Rule(r"normalization\.(f32|f16|bf16)", r"::fwd_persist<",
          "fwd_persist: tuning.norm.FWD_PERSIST is off by default"),
     Rule(r"normalization\.(f32|f16|bf16)", r"::finish<32, 8>$",

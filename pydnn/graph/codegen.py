@@ -90,13 +90,14 @@ def out_tags(prog, final_tag=None):
     return [tag for tag, role in prog.operands if role != "in"] + ([final_tag] if final_tag else [])
 
 
-def expressions(prog, final_tag=None):
+def expressions(prog, final_tag=None, gemm=False):
     """The statements of the kernel body: [(value name, expression)], one per node. TANH_FWD of a value
     _nonneg_bounded proves in [0, 9] is written with tanh_nonneg (tanhf's bits there, 3 instructions less).
     Where every output of the kernel is 16-bit (out_tags; final_tag: the type of a fused kernel's own store),
     the 16-bit forms of pydnn.tuning.graph: GELU_FWD as gelu_fast (PW_GELU_FAST, the activation family's
     16-bit GELU; gelu_fast5, its degree-5 polynomial, with PW_GELU_DEG5 where every output is bfloat16),
-    and, every output bfloat16, TANH_FWD as tanh_fast (PW_TANH_FAST, tanh.approx.f32)."""
+    and, every output bfloat16, TANH_FWD as tanh_fast (PW_TANH_FAST, tanh.approx.f32). gemm: a fused matmul's
+    epilogue, where GELU_FWD with bfloat16 outputs is gelu_ex2 (one MUFU) under tuning.graph.EPI_GELU_EX2."""
     tags = out_tags(prog, final_tag)
     out16 = bool(tags) and all(tag in ("f16", "bf16") for tag in tags)
     bf16 = bool(tags) and all(tag == "bf16" for tag in tags)
@@ -120,6 +121,8 @@ def expressions(prog, final_tag=None):
             e = e.replace("tanhf(", "tanh_nonneg(", 1)
         if pw.BY_VALUE.get(n.mode) == "GELU_FWD" and tuning.graph.PW_GELU_FAST and out16:
             e = f"gelu_fast5({x})" if tuning.graph.PW_GELU_DEG5 and bf16 else f"gelu_fast({x})"
+            if gemm and bf16 and tuning.graph.EPI_GELU_EX2:
+                e = f"gelu_ex2({x})"
         out.append((f"v{j}", e))
     return out
 
@@ -526,7 +529,7 @@ def stage_plan(prog, access, bn):
     return out, off
 
 
-def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0):
+def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, stsm=False):
     """The C++ functor of a fused matmul epilogue (ptx/matmul.cu's Epi protocol): per row, operand row
     pointers (and column-broadcast values) once; per column pair, the operands' loads (aligned pairs for
     contiguous inputs when flags bit k says so; always in the FAST instantiation, which the kernel takes
@@ -574,7 +577,7 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0):
     def element(e):
         out = [f"    {{  // column col + {e}", f"      const float acc_in = acc{e};"]
         out += [f"      const float in{k} = in{k}_{e};" for k, (_, role) in enumerate(ops) if role == "in"]
-        out += [f"      const float {name} = {expr};" for name, expr in expressions(prog, tag if store_c else None)]
+        out += [f"      const float {name} = {expr};" for name, expr in expressions(prog, tag if store_c else None, gemm=True)]
         for j, k in prog.stores:
             val = "acc_in" if j == -1 else f"v{j}"
             at = f"col + {e}" if access[k].lower() == "c" else f"(col + {e}) * e.stride[{k}][2]"
@@ -608,6 +611,8 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0):
   __device__ __forceinline__ unsigned* red_cnt() const { return nullptr; }"""
     b = lambda v: "true" if v else "false"  # noqa: E731
     nl = "\n"
+    # gemm_tma's WIDE store through stmatrix (tuning.matmul.EPI_STSM; ptx/matmul.cu stsm_store_tile); absent: false
+    stsm_line = "  static constexpr bool kStsm = true;  // the WIDE store through stmatrix (stsm_store_tile)\n" if stsm else ""
     if staged:
         def base(k):
             return f"static_cast<const {CTYPE[ops[k][0]]}*>(e.ptr[{k}]) + z * e.stride[{k}][0] + n0"
@@ -629,7 +634,7 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0):
     return f"""struct {sname} {{
   static constexpr bool kActive = true, kRed = {b(red is not None)}, kStoreC = {b(store_c)};
   static constexpr int kStage = {stage_bytes};  // bytes of a warp's staged column operands (0: none)
-  const GraphPwParams& e;
+{stsm_line}  const GraphPwParams& e;
   const MatmulParams& p;
   struct Row {{
     {(nl + '    ').join(fields) if fields else 'int unused_;'}
@@ -656,7 +661,8 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0):
 }};"""
 
 
-def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0):
+def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0,
+                  stsm=False):
     """(name, CUDA C) of a GEMM whose epilogue is the pointwise program `prog`: operand refs ("acc", 0) are
     the GEMM's value at (z, row, col), ("op", k) the epilogue operand k of GraphPwParams e (read at
     z * stride[k][0] + row * stride[k][1] + col * stride[k][2]); prog.stores write further outputs there;
@@ -669,10 +675,13 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
     is also reduced along each row (its workspace and counters are ptr[len(operands)] and the next).
     Two kernels: <name>_f (the fast tile; gemm_tma's takes MatmulTmaParams q, maps first) and <name>_g (the
     general, unaligned path). stage_bn: gemm_tma's tile width where the column operands are staged per tile
-    (_epi_struct; the launch then needs stage_smem(...) more shared memory), else 0."""
+    (_epi_struct; the launch then needs stage_smem(...) more shared memory), else 0. stsm: gemm_tma's cooperative
+    tile stores through stmatrix (the launch needs stsm_smem(...) more)."""
     ops = prog.operands
     if stage_bn and (not hasattr(fast, "cm") or fast.bn != stage_bn or fast.pp or red is not None):
         raise ValueError("staged column operands: gemm_tma's cooperative tile, no row reduction")
+    if stsm and (not hasattr(fast, "cm") or fast.pp or fast.cm != 1 or tag == "f32"):
+        raise ValueError("stmatrix stores: gemm_tma's cooperative 1-CTA tile, 16-bit outputs")
     access = list(access) if access is not None else ["g"] * len(ops)
     if len(access) != len(ops) or any(a not in "bcgBCG" for a in access):
         raise ValueError(f"access {access!r} for {len(ops)} operands")
@@ -684,7 +693,7 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
         raise ValueError(f"{len(ops)} epilogue operands")
     fb, ft, fm = _tile_body(fast, tag, ta, tb, True)
     gb, gt, gm = _tile_body(general, tag, ta, tb, False)
-    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag, stage_bn)
+    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag, stage_bn, stsm)
     digest = hashlib.sha256(repr((body, fb, gb, prog.key(), final)).encode()).hexdigest()[:16]
     name = f"mm_{digest}"
     body = body.replace("struct EPI {", f"struct Epi_{name} {{")
@@ -722,10 +731,17 @@ def stage_smem(stage_bytes):
     return 8 * stage_bytes + 128 if stage_bytes else 0
 
 
-def matmul_unit(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0):
+def stsm_smem(stage_bytes):
+    """Shared memory of gemm_tma_body's stmatrix store buffers (kStsm): 2 KiB a consumer warp (8) after the
+    staging buffers (stage_smem's 128 bytes of alignment, counted here where there is no staging)."""
+    return 8 * 2048 + (0 if stage_bytes else 128)
+
+
+def matmul_unit(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0,
+                stsm=False):
     """(KernelUnit, fast expr, general expr), registered like kernel_unit's; a wgmma fast tile makes the
     unit sm_90a only (as pydnn.ops.matmul's wgmma units)."""
-    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c, stage_bn)
+    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c, stage_bn, stsm)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     fe, ge = f"pydnn::graph::{name}_f", f"pydnn::graph::{name}_g"

@@ -520,8 +520,13 @@ class FusedMatmulStep:
             if sb:
                 stage_bn = fast.bn
                 fast_rec.smem += cg.stage_smem(sb)
+        # gemm_tma's cooperative tile may store through stmatrix (tuning.matmul.EPI_STSM; owner: gemm)
+        stsm = (tma is not None and tuning.matmul.EPI_STSM and not fast.pp and fast.cm == 1 and tag != "f32"
+                and self.store_c)
+        if stsm:
+            fast_rec.smem += cg.stsm_smem(cg.stage_plan(an["prog"], access, fast.bn)[1] if stage_bn else 0)
         self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
-                                           plan.trans_a, plan.trans_b, access, red, self.store_c, stage_bn)
+                                           plan.trans_a, plan.trans_b, access, red, self.store_c, stage_bn, stsm)
         _compile(handle, self.unit)
         self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
         self.eops = tuple(an["eops"])

@@ -130,6 +130,7 @@ def numpy_namespace(np):
         "gelu_tanh_grad": gelu_tanh_grad, "swish_grad": swish_grad, "tanh_nonneg": np.tanh, "tanh_fast": np.tanh,
         "gelu_fast": lambda v: (f(0.5) * v * (f(1) + _erf(np)(v * f(0.70710678118654752)))).astype(f),
         "gelu_fast5": lambda v: (f(0.5) * v * (f(1) + _erf(np)(v * f(0.70710678118654752)))).astype(f),
+        "gelu_ex2": lambda v: (f(0.5) * v * (f(1) + _erf(np)(v * f(0.70710678118654752)))).astype(f),
     }
 
 

@@ -32,9 +32,14 @@ OPS = {
 
 
 # Modes whose kernels keep the plain cache policy (map_contig HINT 0); the others stream (evict-first).
-# Empty: erf-based GELU, at 16 elements per thread (below), measured best streaming too (H200; tools/PERF.md,
-# "Element-wise", where the plain-policy GELU of earlier versions is recorded).
-# PLAIN_ACCESS: a switch, pydnn.tuning.activation.PLAIN_ACCESS (default ())
+# ReLU and sigmoid (session 32): the memory-bound ones. Measured (mid-session run, H200, tools/bench_memory_points.py,
+# eager ms streaming / plain, the plain side in a process of its own, PyTorch in both): ReLU backward fp32 297888 x
+# 256 0.2237 / 0.2130 (0.952x -> 0.999x), 14073 x 32768 1.3322 / 1.2668 (0.952x -> 1.002x), ReLU forward fp32 7549 x
+# 25760 0.4171 / 0.4120 (0.986x -> 1.000x); tanh bf16 12701 x 65536 0.8545 / 0.8566 (no change: kept streaming).
+# Sigmoid: not measured plain; the same loads and stores as ReLU's (its sweep points streaming: 0.97-0.99x).
+# Erf-based GELU, at 16 elements per thread (below), measured best streaming (H200; tools/PERF.md, "Element-wise",
+# where the plain-policy GELU of earlier versions is recorded); the 256 MiB sweep there had cs +0.3-0.8% on ReLU.
+# PLAIN_ACCESS: a switch, pydnn.tuning.activation.PLAIN_ACCESS (default (RELU, SIGMOID))
 
 # Forward modes whose 16-bit kernels take 16 elements (two 16-byte vectors) per thread instead of 8: they are
 # compute-heavy, and with one vector per thread a thread has no load in flight while it computes; two

@@ -65,6 +65,7 @@ for tensors larger than L2) and writes y once; backward reads x and dy twice and
 """
 import ctypes
 import math
+import struct
 
 from .. import enums as E
 from .. import tuning
@@ -819,6 +820,13 @@ NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
 # 0.82x), bf16 1x306x99x99 0.82x (0.56 / 0.68x), bf16 4x256x64x64 training 1.29x (1.20 / 1.06x); lost: fp16
 # 4x139x64x64 backward 0.63x (0.68 / 0.75x).
 # NC_RES_WAVE: a switch, pydnn.tuning.batchnorm.NC_RES_WAVE (default True)
+# NC_RES_SU: elements a thread loads together per step of the streaming passes (nc_res's SU: 4, the template's
+# default, or 1, instantiated for first use). Why the switch: the 4-at-once form (1bb5916, after run 2) was never
+# timed against the one-a-step form that run 2 measured; the session-32 mid-session sweep read bn_bwd NCHW fp32
+# 5x1481x23x23 at 0.0317 ms (0.885x; PyTorch 0.0281) against run 2's 0.0258 (PyTorch 0.0285), and the
+# bench's fp16 4x139x64x64 at 0.0333 against 0.0284 (the resident form, untouched, read 0.0264 / 0.0262): a
+# regression by that cross-run reading. 4 until a same-run A/B (tools/bench_memory_points.py's ncr_* points).
+# NC_RES_SU: a switch, pydnn.tuning.batchnorm.NC_RES_SU (default 4)
 NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
 NC_RES_STREAM_PER = 4
 NC_RES_STREAM_REGS = {"fwd": 40, "bwd": 56}  # (sm_90: 40 / 47-49; allocated in 8s)
@@ -851,7 +859,8 @@ def _nc_res_launch(handle, g, direction, tag):
             st = min(st, cdiv(cdiv(m, sp), 32) * 32)
             if c <= handle.sm_count * _res_blocks_per_sm(st, NC_RES_STREAM_REGS[direction]):
                 break
-        return _Launch("nc_res", None, (c, 1, 1), (st, 1, 1), {}, f"{sp}, {b}, true")
+        su = ", 1" if tuning.batchnorm.NC_RES_SU == 1 else ""  # (SU 4: the template's default)
+        return _Launch("nc_res", None, (c, 1, 1), (st, 1, 1), {}, f"{sp}, {b}, true{su}")
     return _Launch("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, f"{per}, {b}")
 
 
@@ -859,7 +868,8 @@ def _nc_exprs(t):
     out = []
     if t != "f64":
         out += [_expr("nc_res", t, None, f"{per}, {b}") for per in NC_RES_PER for b in ("false", "true")]
-        out += [_expr("nc_res", t, None, f"{NC_RES_STREAM_PER}, {b}, true") for b in ("false", "true")]
+        out += [_expr("nc_res", t, None, f"{NC_RES_STREAM_PER}, {b}, true{su}") for b in ("false", "true")
+                for su in ("", ", 1")]
     for v in (vec_width(t, t), 1):
         out += [_expr("nc_stats", t, v, b) for b in ("false", "true", "true, true")]
         out += [_expr("nc_apply", t, v, m) for m in sorted(NC_MODES.values())]
@@ -1307,10 +1317,25 @@ def _pick_plain(pl, seq, flags):
     return seq
 
 
-def _zero_ptrs(p):
-    for f in ("x", "y", "z", "dy", "dx", "dz", "mask", "scale", "bias", "mean", "var", "save_mean", "save_invvar",
-              "dscale", "dbias", "partial", "consts"):
-        setattr(p, f, None)
+# A call's 17 pointers (x .. consts, 0 for the ones it does not pass) and its leading scalars written into the
+# plan's BnParams with one struct.pack_into each, where zeroing the pointers and one setattr a field took ~30 setattr
+# (~2 us a call of this 2-core machine's CPU; the sweep's small batch-norm calls are host-bound: bn_train NHWC fp32
+# 187x50x14x14 at 0.88-0.94x PyTorch, H200, session 31). Layout: the pointers lead BnParams, then alpha, beta,
+# alpha_p, beta_p, eps, factor.
+_PTRS2 = struct.Struct("<17Q2d")   # pointers, alpha, beta
+_PTRS5 = struct.Struct("<17Q5d")   # pointers, alpha, beta, alpha_p, beta_p, eps
+_EPSF = struct.Struct("<2d")       # eps, factor
+_EPS = struct.Struct("<d")
+assert (BnParams.x.offset, BnParams.consts.offset, BnParams.alpha.offset, BnParams.eps.offset,
+        BnParams.factor.offset) == (0, 128, 136, 168, 176)
+_EPS_AT = BnParams.eps.offset
+
+
+def _scratch_ptrs(pl, base):
+    """(partial, consts) of the call: the scratch's partials and constants (0, 0 without a scratch)."""
+    if pl.scratch is None or not base:
+        return 0, 0
+    return base + pl.scratch[0], base
 
 
 # ----------------------------------------------------------------------------- forward training
@@ -1396,17 +1421,16 @@ def _fwd_fast(handle, rec, alpha, beta, x, z, y, scale, bias, factor, run_mean, 
 def _fwd_go(handle, pl, relu, add, al, be, eps, factor, xp, yp, zp, mp, sp, bp, rp, sp2, scratch_ok, base):
     seq = _pick(pl, (xp, yp, zp, mp), scratch_ok, base)
     p = pl.params
-    _zero_ptrs(p)
     rm, rv = rp
     sm, si = sp2
-    p.x, p.y, p.z, p.mask, p.scale, p.bias = xp, yp, zp or None, mp or None, sp, bp
-    p.mean, p.var, p.save_mean, p.save_invvar = rm or None, rv or None, sm or None, si or None
-    if pl.scratch is not None:
-        p.consts, p.partial = base or None, (base + pl.scratch[0]) if base else None
-    p.alpha, p.beta, p.eps, p.factor = al, be, eps, factor
-    p.flags = (pl.flags | (FLAG_BETA if be != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
-               | (FLAG_Z if add else 0) | (FLAG_RUNNING if rm else 0) | (FLAG_SAVE if sm else 0))
-    _run(handle, pl, _pick_plain(pl, seq, p.flags))
+    part, cst = _scratch_ptrs(pl, base)
+    _PTRS2.pack_into(p, 0, xp, yp, zp or 0, 0, 0, 0, mp or 0, sp, bp, rm or 0, rv or 0, sm or 0, si or 0, 0, 0,
+                     part, cst, al, be)
+    _EPSF.pack_into(p, _EPS_AT, eps, factor)
+    flags = (pl.flags | (FLAG_BETA if be != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
+             | (FLAG_Z if add else 0) | (FLAG_RUNNING if rm else 0) | (FLAG_SAVE if sm else 0))
+    p.flags = flags
+    _run(handle, pl, _pick_plain(pl, seq, flags))
 
 
 def _fwd_train(handle, mode, ops, alpha, beta, x_desc, x, z_desc, z, y_desc, y, bn_desc, scale, bias, factor,
@@ -1573,14 +1597,12 @@ def batch_normalization_forward_inference(handle, mode, alpha, beta, x_desc, x, 
     if yp < xp + xs and xp < yp + ys:  # overlapping: only the very same elements may be shared
         no_partial_alias(yp, y_desc, "y", xp, x_desc, "x")
     p = pl.params
-    _zero_ptrs(p)
-    p.x, p.y = xp, yp
     ptrs = []
     for b, n in ((bn_scale, "bnScale"), (bn_bias, "bnBias"), (estimated_mean, "estimatedMean"),
                  (estimated_variance, "estimatedVariance")):
         ptrs.append(b if type(b) is int and b > 0 and not checked and b % asz == 0 else _ptr(b, n, pbytes, asz))
-    p.scale, p.bias, p.mean, p.var = ptrs
-    p.alpha, p.beta, p.eps = al, be, eps
+    _PTRS2.pack_into(p, 0, xp, yp, 0, 0, 0, 0, 0, ptrs[0], ptrs[1], ptrs[2], ptrs[3], 0, 0, 0, 0, 0, 0, al, be)
+    _EPS.pack_into(p, _EPS_AT, eps)
     p.flags = pl.flags | (FLAG_BETA if be != 0 else 0)
     _run(handle, pl, _pick(pl, (xp, yp), True))
 
@@ -1629,12 +1651,9 @@ def _bwd_go(handle, pl, relu, add, ad, bd, ap, bp_, eps, xp, dyp, dxp, dzp, mp, 
         s0 = pl.sums0.get(id(seq)) if bp_ == 0 and ap != 0 and tuning.batchnorm.BWD_APPLY_SAVED else None
         seq = s0 or pl.sums.get(id(seq), seq)
     p = pl.params
-    _zero_ptrs(p)
-    p.x, p.dy, p.dx, p.dz, p.mask, p.scale = xp, dyp, dxp, dzp or None, mp or None, sp
-    p.dscale, p.dbias, p.save_mean, p.save_invvar = dsp, dbp, smp or None, sip or None
-    if pl.scratch is not None:
-        p.consts, p.partial = base or None, (base + pl.scratch[0]) if base else None
-    p.alpha, p.beta, p.alpha_p, p.beta_p, p.eps = ad, bd, ap, bp_, eps
+    part, cst = _scratch_ptrs(pl, base)
+    _PTRS5.pack_into(p, 0, xp, 0, 0, dyp, dxp, dzp or 0, mp or 0, sp, 0, 0, 0, smp or 0, sip or 0, dsp or 0, dbp or 0,
+                     part, cst, ad, bd, ap, bp_, eps)
     p.flags = (pl.flags | (FLAG_BETA if bd != 0 else 0) | (FLAG_RELU | FLAG_MASK if relu else 0)
                | (FLAG_DZ if add else 0) | (FLAG_SAVED if smp else 0) | (FLAG_PBETA if bp_ != 0 else 0))
     _run(handle, pl, seq)

@@ -60,6 +60,7 @@ partials in the workspace, their sums, a table of dx's coefficients, and dx over
 """
 import ctypes
 import math
+import struct
 
 from .. import enums as E
 from .. import tuning
@@ -214,8 +215,12 @@ ROWX_BWD_CL = (2, 4, 8)
 # ROWX_BWD_WS16: bwd_rowx (no cluster) writes its dscale / dbias slot in order, 16-byte stores (PYDNN_NORM_FLAG_WS16),
 # instead of one float at a time from each thread's positions (lanes 32 bytes apart: 8 partial writes per sector).
 # Why: LN bf16 417 x 2770 spent 29.0 us in bwd_rowx against PyTorch's 5.6 us grad-input kernel (mid-session run 1,
-# H200, tools/profile_memory_points.py): 420 slots of 2 x 2770 floats, 3.3M scalar stores. Off until measured.
-# ROWX_BWD_WS16: a switch, pydnn.tuning.norm.ROWX_BWD_WS16 (default False)
+# H200, tools/profile_memory_points.py): 420 slots of 2 x 2770 floats, 3.3M scalar stores. Measured (session 32
+# mid-session run, H200, tools/bench_memory_points.py, eager ms off / on, PyTorch in the same run): LN bf16 417 x
+# 2770 0.0359 / 0.0260 (0.93x -> 1.27x), RMS bf16 665 x 2277 0.0287 / 0.0189, LN fp32 21 x 1439 0.0212 / 0.0164
+# (0.96x -> 1.29x), LN bf16 169308 x 166 0.1507 / 0.1379, RMS fp16 17244 x 4231 0.3355 / 0.3289; LN bf16 96 x 275,
+# RMS bf16 81995 x 9188, LN fp32 486865 x 2015 unchanged (within 0.5%). On.
+# ROWX_BWD_WS16: a switch, pydnn.tuning.norm.ROWX_BWD_WS16 (default True)
 # Shared-memory staging of scale / bias for the row forward (fwd_sp, fwd_rows_sp) measured at or below
 # fwd_rows and is not in the code (tools/notes/normalization.md).
 # Kernels whose y / dx stores take the evict-first policy (st.global.cs, PYDNN_NORM_FLAG_STREAM): any of
@@ -410,7 +415,8 @@ def _rowx_unit_exprs(tag):
     return tuple([_rowx_expr(tag, v, i) for i in ROWX_ITEMS + (ROWS_FIT_ITEMS,)] +
                  [_rowx_expr(tag, v, ROWX_ITEMS[-1], ROWX_FWD_CL)] +
                  [_rowx_bwd_expr(tag, v, ROWX_BWD_ITEMS, cl) for cl in (1,) + ROWX_BWD_CL] +
-                 [_finish_rowx_expr(FINISH_SHAPES[-1])] + [_split_expr(k, tag, v) for k in SPLIT_KERNELS])
+                 [_finish_rowx_expr(FINISH_SHAPES[-1])] +
+                 [_split_expr(k, tag, v) for k in SPLIT_KERNELS + XSPLIT_KERNELS])
 
 
 def kernel_units():
@@ -1465,7 +1471,94 @@ def _split_alt(handle, nd, tag, geo, vec):
     fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
     fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
     dx.unit = par.unit = fin.unit = f"normalization.rowx.{tag}"
-    return [dx, par, fin], chunks * 2 * nparams * 4
+    # bwd_split_params before bwd_split_dx: both read x and dy, and dx may be dy or x (in place), which
+    # bwd_split_dx overwrites (session 32; params after dx summed the overwritten dy)
+    return [par, dx, fin], chunks * 2 * nparams * 4
+
+
+# Layer / RMS rows of any length (the rowx frame) whose backward takes a cluster per row (bwd_rowx_cl) or no
+# vector kernel at all (rows beyond 64K elements; before sm_90 any row beyond one block), at least as many as
+# the SMs (XSPLIT): the split backward in the aligned frame (ptx/normalization_rowx.cu: bwd_xsplit_dx, a block
+# per row reading x and dy twice; bwd_xsplit_params, dscale / dbias per (alignment class, row chunk); then
+# finish_rowx), as BWD_SPLIT does for whole-vector rows. Why: LN fp16 2402 x 34823 took bwd_rowx_cl (clusters
+# of 8 x 256 threads walking rows one at a time): 819 us + finish 11.9 against PyTorch's 404 + 129 us, 0.63-0.69x
+# (H200, session 31 mid-session run 1 and the final sweep). Predicted: ~0.25 ms (dx: 3 n bytes from DRAM, the
+# second read from L2; params: 2 n; ~85% of copy). XSPLIT_ANY: every rowx row backward with rows >= SMs (LN
+# bf16 417 x 2770: bwd_rowx 29.0 us + finish 3.7 against PyTorch's 5.6 + 4.1; off until measured).
+# XSPLIT: a switch, pydnn.tuning.norm.XSPLIT (default True)
+# XSPLIT_ANY: a switch, pydnn.tuning.norm.XSPLIT_ANY (default False)
+# XSPLIT_FILL: also the rows bwd_rowx holds in one block whose vectors fill under XSPLIT_FILL of its group's G x
+# ROWX_BWD_ITEMS slots (G a power of two: RMS fp16 4231 = 529 vectors in 256 x 4, 52%), tensors of at least
+# XSPLIT_FILL_BYTES: the idle lanes hold no loads, so an SM keeps about half the bytes in flight. Measured
+# (session 32 mid-session run, H200, tools/bench_memory_points.py, eager ms bwd_rowx / split, PyTorch in the same
+# run): RMS fp16 17244 x 4231 (52%) 0.3355 / 0.2751 (0.975x -> 1.19x), RMS bf16 81995 x 9188 (56%) 2.774 / 2.345
+# (1.05x -> 1.24x); where the rule keeps bwd_rowx: LN fp32 486865 x 2015 (98%) 4.004 / 4.953, LN bf16 169308 x 166
+# (66%) 0.151 / 0.442, LN bf16 417 x 2770 (68%) 0.0359 / 0.0339 (0.0260 with ROWX_BWD_WS16), RMS bf16 665 x 2277
+# (56%, 3 MB) 0.0287 / 0.0281 (0.0189 with ROWX_BWD_WS16).
+# XSPLIT_FILL: a switch, pydnn.tuning.norm.XSPLIT_FILL (default 0.6; 0: off)
+# XSPLIT_FILL_BYTES: a switch, pydnn.tuning.norm.XSPLIT_FILL_BYTES (default 32 MiB)
+# XSPLIT_SLOTS: the rows bwd_rowx holds in one block, where its dscale / dbias slots (one per group: 8 bytes a
+# parameter, written and read back by finish) move more bytes than the split's second read of x and dy (2 n): few
+# rows per group (LN bf16 417 x 2770: 420 slots, 18.6 MB of slots against 2.3 MB of x; 169308 x 166: 504 slots,
+# 1.3 MB against 56 MB keeps bwd_rowx). Measured (session 32, as XSPLIT_FILL): LN bf16 417 x 2770 0.0339 ms, RMS bf16
+# 665 x 2277 0.0281, where bwd_rowx with ROWX_BWD_WS16 (the 16-byte slot stores) took 0.0260 / 0.0189: off.
+# XSPLIT_SLOTS: a switch, pydnn.tuning.norm.XSPLIT_SLOTS (default False)
+# XSPLIT_DX_BLOCK: bwd_xsplit_dx's largest block (SPLIT_DX_VECS vectors a thread below it). Why 512: the kernel
+# takes 63-64 registers (__launch_bounds__(1024)), so a 1024-thread block is alone on its SM and the SM's loads
+# stop through each row's block reduction and tail; 512 keeps two rows' phases on an SM (the whole-vector split's
+# 1.12x RMS bf16 1478 x 32768 ran 512-thread blocks). LN fp16 2402 x 34823 (4353 vectors a row) would take 1024.
+# XSPLIT_DX_BLOCK: a switch, pydnn.tuning.norm.XSPLIT_DX_BLOCK (default 512)
+XSPLIT_KERNELS = ("bwd_xsplit_dx", "bwd_xsplit_params")
+
+
+def _xsplit_use(handle, nd, tag, geo, vec, r):
+    """Whether the rowx rows' backward should take the xsplit kernels instead of `r` (_rowx_bwd_only's answer)."""
+    if not tuning.norm.XSPLIT or vec <= 1 or not _rowx_layout(nd, geo, vec) or geo[2] < handle.sm_count:
+        return False
+    if geo[2] > MAX_GRID or geo[3] >= 2**31 - 64:
+        return False
+    if r is None or tuning.norm.XSPLIT_ANY or " cl=" in r[0][0].desc:
+        return True
+    nbytes = geo[2] * geo[3] * _SIZES[tag]
+    # XSPLIT_FILL: bwd_rowx's group holds G * ROWX_BWD_ITEMS vectors of a row, G a power of two: below the fill,
+    # its idle lanes cut the bytes an SM has in flight (see XSPLIT_FILL above)
+    fill = cdiv(geo[3] + vec - 1, vec) / (r[0][0].params.group * ROWX_BWD_ITEMS)
+    if fill < tuning.norm.XSPLIT_FILL and nbytes >= tuning.norm.XSPLIT_FILL_BYTES:
+        return True
+    # XSPLIT_SLOTS: bwd_rowx's dscale / dbias slots (written, then read by finish: 2 x r[1] bytes) against what the
+    # split reads more (x and dy once more: 2 n bytes)
+    return tuning.norm.XSPLIT_SLOTS and r[1] > nbytes
+
+
+def _xsplit_alt(handle, nd, tag, geo, vec):
+    """([bwd_xsplit_dx, bwd_xsplit_params, finish_rowx], workspace bytes) for layer / RMS rows of any length."""
+    sets, els, n_sets, length, nparams = geo
+    sx = sets[0][1][0]
+    period = vec // math.gcd(sx % vec, vec)  # alignment classes (bwd_rowx's p.pf)
+    nsv = cdiv(length + vec - 1, vec)  # the most aligned vectors a row's frame takes
+    g = max(128, min(tuning.norm.XSPLIT_DX_BLOCK, next_pow2(cdiv(nsv, SPLIT_DX_VECS))))
+    pdx = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    dx = _new_launch(_split_expr("bwd_xsplit_dx", tag, vec), pdx, (n_sets, 1, 1), (g, 1, 1),
+                     desc=f"bwd_xsplit_dx vec={vec} block={g} grid={n_sets}")
+    bx = min(32, next_pow2(nsv))
+    by = SPLIT_PARAMS_THREADS // bx
+    tiles = cdiv(nsv, bx)
+    want = max(1, handle.sm_count * SPLIT_BLOCKS_PER_SM // tiles)  # blocks over the rows, all classes
+    rpc = cdiv(n_sets, period)  # rows of the largest class
+    chunks = max(1, min(cdiv(want, period), cdiv(rpc, by * 4), 65535 // period))
+    chunk = cdiv(rpc, chunks)
+    chunks = cdiv(rpc, chunk)
+    pp = _base_params(nd, sets, els, n_sets, length, nparams, True)
+    pp.group, pp.pf = chunk, period
+    par = _new_launch(_split_expr("bwd_xsplit_params", tag, vec), pp, (tiles, chunks * period, 1), (bx, by, 1),
+                      desc=f"bwd_xsplit_params vec={vec} block={bx}x{by} grid={tiles}x{chunks * period} "
+                           f"period={period} rows={chunk}")
+    fin = _finish_launch(nd, geo, chunks * period)
+    fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])
+    fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
+    fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
+    dx.unit = par.unit = fin.unit = f"normalization.rowx.{tag}"
+    return [par, dx, fin], chunks * period * 2 * nparams * 4  # (params first: dx may be dy or x, see _split_alt)
 
 
 def _rowx_bwd_long(handle, nd, tag, geo, vec, r):
@@ -1500,6 +1593,8 @@ def _configs(handle, nd, tag, geo, backward):
                 r = _rowx_bwd_only(handle, nd, tag, geo, v) or r
             if v > 1 and not rowx and _split_use(handle, nd, tag, geo, v, r):
                 r = _split_alt(handle, nd, tag, geo, v)
+            if v > 1 and rowx and _xsplit_use(handle, nd, tag, geo, v, r):
+                r = _xsplit_alt(handle, nd, tag, geo, v)
             a, w = r if r is not None else (None, 0)
         elif rowx and v > 1:
             a, w = (_rowx_alt(handle, nd, tag, geo, v) if tuning.norm.ROWX else None), 0
@@ -1612,6 +1707,16 @@ def _ptr(buf, name, need, align):
     return _aligned(device_ptr(buf, name, need), name, align)
 
 
+# The per-call fields of NormParams in one struct.pack_into a launch: the 10 pointers and the 4 blending scalars
+# lead the struct (out .. dbias, alpha .. beta2). Why: 15 ctypes setattr a launch; the patch of one launch 1.00 ->
+# 0.77-0.83 us (timeit, this 2-core machine's CPU, session 32), the pointer tuple built once a call: ~1 us less
+# for the split backward's 3 launches (norm_backward itself: ~5.5 / ~6-8 us a call with 2 / 3 stubbed launches).
+_PATCH = struct.Struct("<10Q4d")
+assert (NormParams.out.offset, NormParams.dbias.offset, NormParams.alpha.offset, NormParams.beta2.offset) == \
+    (0, 72, 80, 104)
+_pack = _PATCH.pack_into
+
+
 def _run(handle, pl, data_ptrs, fields, alpha, beta, alpha2=0.0, beta2=0.0, stats=False):
     """Patch the call's pointers and scalars into each launch of the chosen alternative, and launch."""
     alts = pl.alternatives
@@ -1627,14 +1732,14 @@ def _run(handle, pl, data_ptrs, fields, alpha, beta, alpha2=0.0, beta2=0.0, stat
             alt = alts[-1]
             if alt[0].func is None:  # (a split-kernel plan's fallback: loaded on first use)
                 _load(handle, pl, None, (alt,))
+    g = fields.get  # (a field not given is 0: no plan sets a pointer of its own)
+    vals = (g("out") or 0, g("x") or 0, g("dy") or 0, g("scale") or 0, g("bias") or 0, g("mean") or 0,
+            g("invstd") or 0, g("ws") or 0, g("dscale") or 0, g("dbias") or 0, alpha, beta, alpha2, beta2)
+    fl = (FLAG_BETA if beta != 0 else 0) | (FLAG_BETA2 if beta2 != 0 else 0) | (FLAG_STATS if stats else 0)
     for lc in alt:
         p = lc.params
-        for name, v in fields.items():
-            setattr(p, name, v or None)
-        p.alpha, p.beta, p.alpha2, p.beta2 = alpha, beta, alpha2, beta2
-        flags = p.flags & ~(FLAG_BETA | FLAG_BETA2 | FLAG_STATS)
-        p.flags = flags | (FLAG_BETA if beta != 0 else 0) | (FLAG_BETA2 if beta2 != 0 else 0) | \
-            (FLAG_STATS if stats else 0)
+        _pack(p, 0, *vals)
+        p.flags = p.flags & ~(FLAG_BETA | FLAG_BETA2 | FLAG_STATS) | fl
         driver.launch_args(lc.func, lc.grid, lc.block, lc.smem, handle.cu_stream, lc.argv)
 
 

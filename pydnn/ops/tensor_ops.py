@@ -74,7 +74,11 @@ ROWS_TAGS = ("f32", "f16", "bf16")  # (double keeps map_strided: its instantiati
 # cache as every benchmark and the next kernel of a model see it) had OpTensor ADD 82918 x 64 bf16 (3 x
 # 10.6 MB) at 0.74x PyTorch and 13423 x 160 fp32 (3 x 8.6 MB) at 0.85x: PyTorch's 6.2-6.5 us is above
 # DRAM bandwidth (its operands stay in the 50 MB L2), while evict-first lines are the first to go. For
-# operands larger than L2 streaming measured +0.3-0.8% (tools/PERF.md, Element-wise), so it stays there.
+# operands larger than L2 streaming measured +0.3-0.8% (tools/PERF.md, Element-wise, 256 MiB operands), so it
+# stayed there until session 32: the plain policy beyond L2 too (PLAIN_BYTES 1 TiB: every dense map). Measured
+# (session 32 mid-session run, H200, tools/bench_memory_points.py, same process, eager ms streaming / plain,
+# PyTorch in the same run): OpTensor ADD fp32 5070 x 32768 (3 x 665 MB) 0.4850 / 0.4602 (0.951x -> 1.001x), bf16
+# 107126 x 2493 0.3857 / 0.3698 (0.959x -> 0.999x), fp16 7167 x 8272 0.0902 / 0.0842 (0.935x -> 1.001x).
 PLAIN_TAGS = ROWS_TAGS
 PLAIN_OPS = (SCALED, *OPS.values())
 

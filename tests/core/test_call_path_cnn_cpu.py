@@ -34,6 +34,7 @@ def env(monkeypatch):
     # fwd_tma (tuning.conv.FWD_TMA, on since session 31) encodes TMA tensor maps through the driver, which the
     # no-launch stand-in does not offer: these counts are of the fwd_wgmma plan's call records
     monkeypatch.setattr(tuning.conv, "FWD_TMA", False)
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA", False)   # (backward data's fwd_tma plan: the same maps)
     with BH.no_launch() as drv:
         yield BH.cpu_handle(), BH.CpuBuffers(), drv
     tuning.callpath.reset()

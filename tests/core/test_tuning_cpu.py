@@ -49,6 +49,18 @@ def test_environment_sets_switches_at_import():
     assert "bogus.X" in out.stderr   # an unknown setting is named, then ignored
 
 
+def test_environment_literals_keep_their_commas():
+    """Commas inside a tuple / set / list literal belong to it; outside they separate settings as ';' does."""
+    assert tuning._items("a.X=(1, 2); b.Y={3, 4},c.Z=[5, (6, 7)], d.W=1") == \
+        ["a.X=(1, 2)", " b.Y={3, 4}", "c.Z=[5, (6, 7)]", " d.W=1"]
+    try:
+        tuning.apply_environment("activation.PLAIN_ACCESS=(1, 2); norm.XSPLIT=False")
+        assert tuning.activation.PLAIN_ACCESS == (1, 2) and tuning.norm.XSPLIT is False
+    finally:
+        tuning.activation.reset()
+        tuning.norm.reset()
+
+
 def test_planners_read_the_switch(monkeypatch):
     """A switch changes the plan a planner makes (the 1x1 bf16 forward on sm_90 takes fwd_wgmma with
     USE_WGM, the pipelined mma.sync kernel without)."""

@@ -269,7 +269,8 @@ def test_tanh_fast_wins_over_tanh_nonneg(monkeypatch):
 
 def test_matmul_and_norm_epilogues_pass_their_store_type(monkeypatch):
     """The fused matmul's epilogue asks expressions with the GEMM's C type (an fp32 GEMM + bias + GELU, whose
-    program has no output operand, keeps erff), the fused norm's with y's."""
+    program has no output operand, keeps erff), the fused norm's with y's; with tuning.graph.EPI_GELU_EX2 a
+    bfloat16 GEMM epilogue takes gelu_ex2 and the norm epilogue keeps its form."""
     from pydnn.graph import norm_nodes
     from pydnn.ops import matmul as M
 
@@ -278,11 +279,13 @@ def test_matmul_and_norm_epilogues_pass_their_store_type(monkeypatch):
     prog = cg.PwProgram([("f32", "in")], [cg.PwNode(P.PYDNN_POINTWISE_ADD, x=("acc", 0), b=("op", 0)),
                                           cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("v", 0))], [])
     fast = M.TC_TILES[0]
-    for tag, want in (("f32", "erff("), ("bf16", "gelu_fast(")):
-        _, text = cg.matmul_source(prog, ("v", 1), tag, fast, M.TC_GENERAL, False, False)
-        assert want in text, tag
-        _, ntext, _ = norm_nodes.epilogue_source(prog, ("v", 1), tag)
-        assert want in ntext, tag
+    for ex2 in (False, True):
+        monkeypatch.setattr(tuning.graph, "EPI_GELU_EX2", ex2)
+        for tag, want in (("f32", "erff("), ("bf16", "gelu_fast(")):
+            _, text = cg.matmul_source(prog, ("v", 1), tag, fast, M.TC_GENERAL, False, False)
+            assert (("gelu_ex2(" if ex2 and tag == "bf16" else want) in text), (ex2, tag)
+            _, ntext, _ = norm_nodes.epilogue_source(prog, ("v", 1), tag)
+            assert want in ntext and "gelu_ex2(" not in ntext, (ex2, tag)
 
 
 def test_gelu_fast_compiles_and_matches_the_activation_family():
@@ -340,6 +343,59 @@ def test_gelu_fast5_error_in_float32():
     assert rel.max() <= 1.6e-5, (rel.max(), x64[rel.argmax()])
     assert rel[np.abs(x64) <= 6].max() <= 9e-6
     y, _ = run(np.array([np.inf, -np.inf, np.nan, 0.0], f))
+    assert y[0] == np.inf and y[1] == 0.0 and np.isnan(y[2]) and y[3] == 0.0
+
+
+def _gelu_ex2_f32(x, hc):
+    """gelu_ex2 as graph_pointwise.cuh computes it on float32 x (hc: its coefficients, highest first): a =
+    min.NaN(|x|, 13), Horner by FFMA (the product exact in float64, one float32 rounding a step), ex2 exact then
+    rounded to float32 and flushed below 2^-126 (.ftz), fma(-a, e, max(x, 0)) rounded once."""
+    f = np.float32
+    x64 = np.asarray(x, f).astype(np.float64)
+    a = np.minimum(np.abs(x64), 13.0)
+    a[np.isnan(x64)] = np.nan
+    q = np.full_like(a, hc[0])
+    for c in hc[1:]:
+        q = (q * a + c).astype(f).astype(np.float64)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        e = np.exp2(q).astype(f).astype(np.float64)
+        e[e < 2.0 ** -126] = 0.0
+        return (np.maximum(x64, 0.0) - a * e).astype(f).astype(np.float64), x64
+
+
+def test_gelu_ex2_error_in_float32():
+    """gelu_ex2 (one MUFU; tuning.graph.EPI_GELU_EX2) as graph_pointwise.cuh computes it, its coefficients read
+    from the source, over every 4099th float32 bit pattern (1.05 M values, both signs, every binade) and a dense
+    grid of [-13, 13]: relative error <= 4e-5 wherever x > -12.9 and GELU(x) is a normal float (>= 48x below
+    bfloat16's half ulp, 2^-9; the 16-bit rule's 30x is 6.5e-5), x >= 13 gives x exactly, x <= -12.9 gives either
+    that accuracy or -0 where |GELU(x)| < 1.6e-37 (Phi(x) < 2^-126: ex2.approx.ftz flushes); +-inf, NaN, 0 as
+    gelu_fast. (tools/gelu_ex2.py scan runs every bit pattern.)"""
+    import math
+
+    src = (__import__("pydnn._build.cache", fromlist=["x"]).ptx_dir() / "graph_pointwise.cuh").read_text()
+    body = src.split("float gelu_ex2(float x) {", 1)[1].split("\n}", 1)[0]
+    hc = [float(np.float32(c)) for c in re.findall(r"([-+]?\d\.\d{9}e[-+]\d\d)f", body)]
+    assert len(hc) == 10 and "min.NaN.f32 %0, t, 0f41500000" in body  # degree 9; the clamp at 13.0
+    bits = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32)
+    x = np.concatenate([bits.view(np.float32), np.linspace(-13.0, 13.0, 200001, dtype=np.float32)])
+    x = x[np.isfinite(x) & (np.abs(x) < 3e38)]
+    y, x64 = _gelu_ex2_f32(x, hc)
+    phi = 0.5 * np.vectorize(math.erfc)(-x64 / math.sqrt(2.0))
+    exact = x64 * phi
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.abs(y / exact - 1.0)
+    normal = np.abs(exact) >= 2.0 ** -126
+    main = normal & (x64 > -12.9)
+    assert rel[main].max() <= 4e-5, (rel[main].max(), x64[main][rel[main].argmax()])
+    big = x64 >= 13.0
+    assert np.array_equal(y[big], x64[big])
+    tail = x64 <= -12.9
+    ok = (rel[tail] <= 4e-5) | ((y[tail] == 0.0) & (np.abs(exact[tail]) < 1.6e-37))
+    assert ok.all(), x64[tail][~ok][:5]
+    # subnormal results (|x| < ~2^-125): the same relative error beyond float32's 2^-149 spacing there
+    sub = ~normal & (x64 > -12.9) & (exact != 0)
+    assert (np.abs(y[sub] - exact[sub]) <= 4e-5 * np.abs(exact[sub]) + 2.0 ** -149).all()
+    y, _ = _gelu_ex2_f32(np.array([np.inf, -np.inf, np.nan, 0.0], np.float32), hc)
     assert y[0] == np.inf and y[1] == 0.0 and np.isnan(y[2]) and y[3] == 0.0
 
 

@@ -14,6 +14,11 @@ rows at the image's edges (_box).
 The plan (TmaPlan, a StepPlan) encodes x's and the filter's tensor maps per call (tensormap.MapCache: once
 per base address) into ConvTmaParams and launches one kernel; ConvolutionBiasActivationForward's fields are
 the embedded ConvParams' (plan.gemm), so the fused call runs the same kernel with its epilogue.
+
+Backward data (DgradTmaPlan, tuning.conv.DGRAD_TMA / DGRAD_TMA_PHASES; the section "backward data" below): a
+stride-1 dx is the forward of dy with the flipped, K <-> C transposed filter, which fwd_tma<..., BKN = 1>
+reads straight from w (MN-major TMA boxes), or K-major from filter_kc_swap's copy; a strided call's phases
+(dgrad_phases.py) are such stride-1 problems too.
 """
 import ctypes
 
@@ -27,7 +32,7 @@ from .._elementwise import CTYPE
 from ..common import cdiv
 from . import tensor_core  # noqa: F401 - its split-K hook registers before tma_top (a split plan stays split)
 from .plans import Plan, StepPlan, add_kernels, base_params, register_tma_planner, register_top
-from .problem import DIR_FWD, FLAG_BIAS, FLAG_PAIR, FLAG_Z, ConvParams
+from .problem import DIR_BWD_DATA, DIR_FWD, FLAG_BIAS, FLAG_PAIR, FLAG_Z, ConvParams
 
 BM, BK = 128, 64
 BNS = (64, 128, 256)   # the tile's output channels: fwd_tma<T, BN, STAGES> instantiations, a unit each
@@ -52,17 +57,29 @@ class ConvTmaParams(ctypes.Structure):
                 ("tiles_k", ctypes.c_int), ("cblocks", ctypes.c_int), ("pad_tail", ctypes.c_int * 6)]
 
 
-def expr(tag, bn=128):
-    return f"pydnn::conv::fwd_tma<{CTYPE[tag]}, {bn}, {STAGES[bn]}>"
+BKN_UNITS = {0: "tma", 1: "tma_dgrad", 2: "tma_phase"}
 
 
-def unit(tag, bn=128):
-    return f"convolution.tma.{tag}.bn{bn}"
+def expr(tag, bn=128, bkn=0):
+    """fwd_tma<T, BN, STAGES> (B K-major: the forward's packed KRSC filter, or backward data's swapped copy), or
+    fwd_tma<T, BN, STAGES, BKN> (backward data's B read MN-major from the filter itself, plan_dgrad_tma: BKN 1 a
+    call's packed KRSC filter through a 3-d map, 2 a strided call's phase's sub-filter view through a 4-d one)."""
+    return f"pydnn::conv::fwd_tma<{CTYPE[tag]}, {bn}, {STAGES[bn]}{f', {int(bkn)}' if bkn else ''}>"
+
+
+def unit(tag, bn=128, bkn=0):
+    """The forward's units convolution.tma.<tag>.bn<BN>; backward data's convolution.tma_dgrad.bn<BN>.<tag> (the data
+    type last: rare.py's `together` rule compiles a data type's widths at once on their first use) and the phases'
+    convolution.tma_phase.bn<BN>.<tag>."""
+    if not bkn:
+        return f"convolution.tma.{tag}.bn{bn}"
+    return f"convolution.{BKN_UNITS[int(bkn)]}.bn{bn}.{tag}"
 
 
 for _t in TAGS:
     for _bn in BNS:   # one unit a tile: compiled in parallel, loaded only where a plan runs it
-        add_kernels(unit(_t, _bn), "conv_tma.cu", (expr(_t, _bn),), archs=(ARCH + "a",))
+        for _k in BKN_UNITS:   # (backward data's BKN 1 / 2: first use, pydnn/_build/rare.py)
+            add_kernels(unit(_t, _bn, _k), "conv_tma.cu", (expr(_t, _bn, _k),), archs=(ARCH + "a",))
 
 
 def _bn(handle, pb, tiles_px):
@@ -132,15 +149,27 @@ class TmaPlan(StepPlan):
     """fwd_tma's launch: the maps of x and the filter per base address, then one kernel."""
 
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
-        q, p = self.q, self.q.p
-        if a_ptr % 16 or b_ptr % 16:
+        if not self.encode(a_ptr, b_ptr):
             return self.fallback_run(handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr, bias_ptr)
+        self.run_kernel(handle, a_ptr, b_ptr, out_ptr, alpha, beta, z_ptr, bias_ptr)
+
+    def encode(self, a_ptr, b_ptr):
+        """The maps of x (or dy) at a_ptr and of the filter at b_ptr into the params; False where TMA cannot
+        take them (a base address not 16-byte aligned, or no map encoder: a driver without it, a CPU handle's
+        dry run), so that the caller runs the fallback plan."""
+        if a_ptr % 16 or b_ptr % 16:
+            return False
         try:
             mx, mw = self.maps[0].get(a_ptr), self.maps[1].get(b_ptr)
-        except PydnnError:   # no map encoder (a driver without it, a CPU handle's dry run): the wgmma plan
-            return self.fallback_run(handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr, bias_ptr)
+        except PydnnError:
+            return False
+        q = self.q
         ctypes.memmove(ctypes.addressof(q.map_x), mx, 128)
         ctypes.memmove(ctypes.addressof(q.map_w), mw, 128)
+        return True
+
+    def run_kernel(self, handle, a_ptr, b_ptr, out_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        p = self.q.p
         p.x, p.w, p.out, p.z, p.bias = a_ptr, b_ptr, out_ptr, z_ptr or None, bias_ptr or None
         p.alpha, p.beta = alpha, beta
         p.flags = ((p.flags & ~(FLAG_BETA | FLAG_PAIR)) | (FLAG_BETA if beta != 0 else 0)
@@ -179,9 +208,12 @@ class _Map:
         return TM.encode_tiled(self.tag, address, self.dims, self.strides, self.box)
 
 
-def plan_tma(handle, pb, algo, fallback):
-    """fwd_tma's plan of a forward problem tma_refusal takes (`fallback`: the plan a misaligned call runs)."""
-    pl = TmaPlan(DIR_FWD, algo, pb)
+def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
+    """fwd_tma's plan of a forward problem tma_refusal takes (`fallback`: the plan a misaligned call runs).
+    Backward data (plan_dgrad_tma) passes its forward of dy as pb, its own plan object as pl, and bkn 1 / 2: B read
+    from the original filter (K = pb.c, C = pb.k), packed KRSC (1) or through its (k, c, d, r, s) strides bkn_ws
+    (2), instead of a packed (pb.k, taps, pb.c) one (0)."""
+    pl = pl if pl is not None else TmaPlan(DIR_FWD, algo, pb)
     p = base_params(pb, DIR_FWD)
     p.gm, p.gn, p.gk = pb.n * pb.out3[1] * pb.out3[2], pb.k, pb.c * pb.filt3[1] * pb.filt3[2]
     p.splits, p.k_per_split = 1, 0
@@ -202,12 +234,18 @@ def plan_tma(handle, pb, algo, fallback):
     es = 2
     H, W, C = pb.in3[1], pb.in3[2], pb.c
     xs, R, S = pb.xs, pb.filt3[1], pb.filt3[2]
+    if bkn == 1:   # w (K, taps, C) itself: boxes of 64 of its C (this forward's output channels) x 1 tap x 64 of its K
+        mw = _Map(pb.tag, (pb.k, R * S, C), (pb.k * es, R * S * pb.k * es), (64, 1, BK))
+    elif bkn == 2:   # a view (K, R, S, C) of w through its strides: the same boxes at (c, s, r, k)
+        mw = _Map(pb.tag, (pb.k, S, R, C), (bkn_ws[4] * es, bkn_ws[3] * es, bkn_ws[0] * es), (64, 1, 1, BK))
+    else:     # (K, taps, C) packed, C this forward's input channels: boxes of 64 of them x 1 tap x BN of K
+        mw = _Map(pb.tag, (C, R * S, pb.k), (C * es, R * S * C * es), (BK, 1, bn))
     pl.maps = (TM.MapCache(_Map(pb.tag, (C, W, H, n), (xs[4] * es, xs[3] * es, xs[0] * es), (BK, tw, th, tn))),
-               TM.MapCache(_Map(pb.tag, (C, R * S, pb.k), (C * es, R * S * C * es), (BK, 1, bn))))
+               TM.MapCache(mw))
     pl.grid = (max(1, min(items, handle.sm_count)), 1, 1)
     pl.argv = driver.kernel_args(q)
     pl.bn = bn
-    pl.unit_name, pl.expr, pl.func = unit(pb.tag, bn), expr(pb.tag, bn), None
+    pl.unit_name, pl.expr, pl.func = unit(pb.tag, bn, bkn), expr(pb.tag, bn, bkn), None
     pl.gemm_expr = pl.expr
     pl.fallback = fallback
     pl.smem = smem(bn)
@@ -241,3 +279,134 @@ def tma_top(handle, pl):
 register_top(tma_top)
 register_tma_planner(lambda handle, pb, algo, fallback: (plan_tma(handle, pb, algo, fallback)
                                                          if tma_refusal(handle, pb) is None else None))
+
+
+# ----------------------------------------------------------------------------- backward data (stride 1)
+#
+# dx of a stride-1 convolution is the forward of dy (K channels) into dx (C channels) with padding
+# (R - 1) * dil - pad, the opposite mode and the filter w'[c][tap][k] = w[k][tap][c] (tensor_core.py's
+# _bwd_wgm_problem; fwd_wgmma runs it today, _plan_bwd_wgmma). fwd_tma takes it two ways:
+#   direct (w packed KRSC): fwd_tma<..., BKN = 1> reads B from w itself, BN / 64 TMA boxes of 64 c x 64 k a
+#     K tile (MN-major for wgmma, the transpose bit): one launch, no workspace;
+#   swap (the plan fwd_tma replaces is tensor_core's BwdWgmmaPlan: tuning.conv.WGM_BWD_SWAP, or a filter the
+#     direct read cannot take): that plan's filter_kc_swap writes w' packed into the workspace, then fwd_tma
+#     reads it K-major as the forward's filter (two launches; the swap's traffic counted in the plan's time).
+# dy is the A operand: one 4-d box of NHWC dy a K tile, as the forward's x. The epilogue writes dx through its
+# strides with alpha / beta (epilogue_value for beta). Deterministic: every dx element written once.
+
+class DgradTmaPlan(TmaPlan):
+    """Backward data on fwd_tma: the forward of dy (self.q; its problem self.sub_problem), B from w itself
+    (direct) or from the swap's copy in the workspace (self.swap_plan: the BwdWgmmaPlan it replaces)."""
+
+    def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
+        """a = dy, b = w, out = dx."""
+        from .plans import run_plan
+        sw = self.swap_plan
+        if not self.encode(a_ptr, ws_ptr if sw is not None else b_ptr):
+            return run_plan(handle, self.fallback, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta)
+        if sw is not None:   # w' = the filter with K and C swapped, packed, into the workspace
+            if sw.swap_func is None:
+                sw.swap_func = handle.function(sw.unit, sw.swap_expr)
+            sw.swap.in_, sw.swap.out = b_ptr, ws_ptr
+            driver.launch_args(sw.swap_func, sw.swap_grid, (256, 1, 1), 0, handle.cu_stream, sw.swap_argv)
+            b_ptr = ws_ptr
+        self.run_kernel(handle, a_ptr, b_ptr, out_ptr, alpha, beta)
+
+
+def dgrad_refusal(handle, pb, swap, phase=False):
+    """Why fwd_tma does not take a stride-1 backward-data problem (text), or None: its forward of dy must be one
+    fwd_tma takes (tma_refusal: sm_90, 16-bit, one group, 2-d, K % 8, dy NHWC-like with 16-byte strides), and
+    the direct read (swap False) C % 8 (the map's 16-byte row stride) and w packed KRSC (a call's own plan: the
+    3-d map) or C contiguous with 16-byte tap / K strides (phase: a strided call's sub-filter view, the 4-d map)."""
+    from .tensor_core import _bwd_wgm_problem
+    if pb.stride3 != (1, 1, 1):
+        return "stride"
+    why = tma_refusal(handle, _bwd_wgm_problem(pb))
+    if why is not None:
+        return why
+    if not swap:
+        ws, R, S = pb.ws, pb.filt3[1], pb.filt3[2]
+        if pb.c % 8:
+            return "C % 8 (the filter map's 16-byte row stride)"
+        if phase and (ws[1] != 1 or any(ws[i] % 8 for i in (0, 3, 4))):
+            return f"filter strides {tuple(ws)} (the direct read: C contiguous, 16-byte tap / K strides)"
+        if not phase and not (ws[1] == 1 and ws[4] == pb.c and ws[3] == S * pb.c and ws[0] == R * S * pb.c):
+            return "the filter is not packed KRSC (the direct read)"
+    return None
+
+
+def plan_dgrad_tma(handle, pb, algo, fallback, swap, phase=False):
+    """fwd_tma's plan of a backward-data problem dgrad_refusal takes: direct (swap False: the fallback is
+    tensor_core's one-launch fwd_wgmma plan; BKN 1, or 2 for a phase) or after filter_kc_swap (swap True: the
+    fallback is its BwdWgmmaPlan, whose swap this plan launches)."""
+    from .tensor_core import _bwd_wgm_problem
+    spb = _bwd_wgm_problem(pb)
+    pl = DgradTmaPlan(DIR_BWD_DATA, algo, pb)
+    plan_tma(handle, spb, algo, fallback, pl=pl, bkn=0 if swap else 2 if phase else 1, bkn_ws=tuple(pb.ws))
+    pl.problem, pl.sub_problem = pb, spb
+    pl.unit = pl.unit_name   # (dgrad_phases' PhasePlan names its biggest phase's unit)
+    pl.swap_plan = fallback if swap else None
+    pl.workspace = fallback.workspace if swap else 0
+    return pl
+
+
+def slower_than_replaced(handle, tp, pl):
+    """Where DGRAD_TMA True leaves the replaced fwd_wgmma plan (a reason, or None): the mid-session sweep (H200,
+    session 32, tools/bench_dgrad_tma.py --sweep, 82 stride-1 points: fwd_tma / fwd_wgmma 1.121 geomean, 0.643 -
+    1.720) lost on two kinds of point, and no point it won has either mark:
+      * under one wave of items (items < SMs) with a short reduction (<= SHORT_K K tiles) where the replaced plan
+        is the 128 x 64 MINB 2 tile (2 blocks an SM, 2-4x fwd_tma's items): the ResNet-50 / ResNeXt 1x1 layers
+        at N 8 (N8 1x1 512->512 @28 0.785, 512->256 @28 0.816, 2048->512 @7 0.893), N32 1x1 512->1024 @14 0.927,
+        N128 1x1 512->2048 @7 0.946, N8 3x3 128->128 @28 0.953; 12 points, 0.785-0.997;
+      * dy's channels (the reduction's, K) below one 64-deep K tile: random N135 7x7 88->40 @26 0.643, N12 5x5
+        144->48 @35 0.779 (the only two such points).
+    The rest of the losers: one point (random N25 5x5 72->200 @111, 0.756) is left to fwd_tma (no mark found)."""
+    q = tp.q
+    ktiles = tp.sub_problem.filt3[1] * tp.sub_problem.filt3[2] * q.cblocks
+    if tp.items < max(handle.sm_count, 1) and ktiles <= SHORT_K and "fwd_wgmma<" in (pl.gemm_expr or ""):
+        from .tensor_core import _wgm_cfg
+        if _wgm_cfg(pl.gemm_expr)[0] == 64:
+            return f"{tp.items} items of {ktiles} K tiles, the replaced 128 x 64 tile"
+    if tp.sub_problem.c < BK:
+        return f"dy's {tp.sub_problem.c} channels: under one K tile"
+    return None
+
+
+SHORT_K = 32
+
+
+def tma_dgrad_top(handle, pl, mode=None, phase=False):
+    """plans.register_top's hook: a call's own unsplit stride-1 backward-data plan on fwd_wgmma (tensor_core's
+    direct plan, or its BwdWgmmaPlan) runs fwd_tma where tuning.conv.DGRAD_TMA is True (C >= MIN_K: the forward
+    rule on this forward's output channels; no forced tiling; not where slower_than_replaced says) or "always",
+    and dgrad_refusal takes it. mode, phase: tma_dgrad_phase_top's (DGRAD_TMA_PHASES, a strided call's phase)."""
+    from .tensor_core import BwdWgmmaPlan
+    mode = tuning.conv.DGRAD_TMA if mode is None else mode
+    if not mode or pl.direction != DIR_BWD_DATA or pl.fold is not None:
+        return pl
+    if type(pl) is BwdWgmmaPlan:
+        swap = True
+    elif type(pl) is Plan and "fwd_wgmma<" in (pl.gemm_expr or ""):
+        swap = False
+    else:
+        return pl
+    pb = pl.problem
+    if mode != "always" and (tuning.conv.TC_FORCE.get(DIR_BWD_DATA) is not None or pb.c < MIN_K):
+        return pl
+    if dgrad_refusal(handle, pb, swap, phase) is not None:
+        return pl
+    tp = plan_dgrad_tma(handle, pb, pl.algo, pl, swap, phase)
+    if mode != "always" and slower_than_replaced(handle, tp, pl) is not None:
+        return pl
+    return tp
+
+
+def tma_dgrad_phase_top(handle, pl):
+    """The same for dgrad_phases.py's phases of a strided call (each a stride-1 backward data of dy into a
+    strided view of dx, with a sub-filter view of w: BKN 2's 4-d map takes its tap strides), under
+    tuning.conv.DGRAD_TMA_PHASES (off: not measured on the GPU yet)."""
+    return tma_dgrad_top(handle, pl, tuning.conv.DGRAD_TMA_PHASES or False, phase=True)
+
+
+register_top(tma_dgrad_top, scope="own")
+register_top(tma_dgrad_phase_top, scope="sub")

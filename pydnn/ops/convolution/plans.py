@@ -197,17 +197,20 @@ def estimate_ms(handle, pl):
 _TOP = []   # hooks fn(handle, plan) -> plan applied to a call's own plan (new_plan), never to a step's
 
 
-def register_top(fn):
+def register_top(fn, scope="all"):
     """A hook for the plan of a call itself (new_plan), not for the plans other plans run as steps
-    (planner(): those run without a workspace of their own): tensor_core.py's split-K of fwd_wgmma."""
-    _TOP.append(fn)
+    (planner(): those run without a workspace of their own): tensor_core.py's split-K of fwd_wgmma.
+    scope: "all" also for a step plan's sub-plans that apply_top is asked for (dgrad_phases.py's phases),
+    "own" a call's own plan only, "sub" those sub-plans only (conv_tma.py's backward data: one switch each)."""
+    _TOP.append((fn, scope))
 
 
-def apply_top(handle, pl):
-    """The register_top hooks on a plan that runs with a workspace of its own: a call's (new_plan), or a
+def apply_top(handle, pl, own=False):
+    """The register_top hooks on a plan that runs with a workspace of its own: a call's (new_plan: own), or a
     step plan's sub-plan whose workspace the step plan reserves (dgrad_phases.py's phases: the largest)."""
-    for fn in _TOP:
-        pl = fn(handle, pl)
+    for fn, scope in _TOP:
+        if scope == "all" or (scope == "own") == own:
+            pl = fn(handle, pl)
     return pl
 
 
@@ -287,7 +290,7 @@ def new_plan(handle, direction, algo, conv, x_desc, w_desc, y_desc):
         output_tensor(*out)
     pl = plan_for(handle, pb, direction, algo)
     pl.problem = pb
-    return apply_top(handle, pl)
+    return apply_top(handle, pl, own=True)
 
 
 # ----------------------------------------------------------------------------- running a plan

@@ -10,8 +10,9 @@ kernels through grouped.py):
                                             tiles from the models below
     backward data    ALGO_1                 the same kernels on dy (K % 8 too); on sm_90 with stride 1 the
                                             forward of dy on fwd_wgmma reading the filter as [k][c] tiles
-                                            (_plan_bwd_wgmma); with a stride > 1 these stride-1 plans run
-                                            on the stride's phases (dgrad_phases.py; tuning.conv.DGRAD_PHASES
+                                            (_plan_bwd_wgmma; conv_tma.py moves it to fwd_tma where
+                                            tuning.conv.DGRAD_TMA says so); with a stride > 1 these stride-1
+                                            plans run on the stride's phases (dgrad_phases.py; DGRAD_PHASES
                                             off: bwd_data_tc's stride-s gather); elsewhere the explicit GEMM
                                             (gemm.py) serves
     backward filter  ALGO_1                 wgrad_pipe_tc or wgrad_tc, (tile, split) by a model, split-K

@@ -91,6 +91,12 @@ def test_ncres_plans_and_pick(dims, dtype, direction, ex):
     with tuning.override({"batchnorm.NC_RES_WAVE": False}):
         lr = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
         assert (lr.u, lr.block[0]) == _want_launch(m, c, direction, wave=False)
+    with tuning.override({"batchnorm.NC_RES_SU": 1}):  # (the streaming form loading one element a step)
+        l1 = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
+        assert (l1.u, l1.block) == ((u + ", 1") if u.endswith(", true, true") or u.endswith(", false, true") else u,
+                                    lc.block)
+        assert B._expr(l1.kernel, pl.tag, l1.vec, l1.u) in set(next(u for u in B.kernel_units()
+                                                                   if u.name == pl.unit).exprs)
     assert (pl.params.nc_n, pl.params.nc_hw) == (n, int(np.prod(dims[2:])))
     exprs = set(next(u for u in B.kernel_units() if u.name == pl.unit).exprs)
     assert B._expr(lc.kernel, pl.tag, lc.vec, lc.u) in exprs
@@ -171,7 +177,7 @@ def test_ncres_kernels_compile(unit_name):
 
     unit = next(u for u in B.kernel_units() if u.name == unit_name)
     exprs = tuple(e for e in unit.exprs if "::nc_res<" in e)
-    assert len(exprs) == 2 * len(B.NC_RES_PER) + 2  # (+ the STREAM forms)
+    assert len(exprs) == 2 * len(B.NC_RES_PER) + 4  # (+ the STREAM forms, SU 4 and 1)
     text, _ = cache.unit_inputs(unit)
     for arch in ("sm_80", "sm_90"):
         _, lowered, log = nvrtc.compile_cubin(text, unit.source, exprs, arch, COMMON_OPTIONS + ("--ptxas-options=-v",),

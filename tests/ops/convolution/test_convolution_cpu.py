@@ -652,6 +652,7 @@ def test_bwd_data_wgmma_choice(monkeypatch):
     stride 2, on sm_80, or without USE_WGM; v7 ranks it first, deterministic, with no workspace (B read
     from the filter itself, BKN), or with WGM_BWD_SWAP the swapped filter's (the same fwd_wgmma tile)."""
     monkeypatch.setattr(tuning.conv, "FWD_TMA", False)   # the forward's fwd_wgmma plan itself (not fwd_tma's)
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA", False)   # backward data's too
     h = cpu_handle()
     bd1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_1
     c = cdesc((1, 1), (1, 1), (1, 1))

@@ -240,6 +240,8 @@ def test_routing_and_switch(monkeypatch):
     """Strided tensor-core backward data takes the phases (ALGO_1; v7 ranks it first, deterministic, no
     workspace; the workspace query agrees); stride 1, fp32 data, NCHW dy and groups do not; the switch
     off gives the stride-s bwd_data_tc back."""
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA", False)   # the stride-1 plan compared below: fwd_wgmma's own
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA_PHASES", False)   # the phases' fwd_wgmma plans themselves
     h = cpu_handle()
     c, x, w, y = _resnet_l3(h)
     pl = CP.new_plan(h, CPb.DIR_BWD_DATA, BD1, c, x, w, y)
@@ -277,9 +279,10 @@ def test_routing_and_switch(monkeypatch):
         assert e.status == pydnn.PYDNN_STATUS_NOT_SUPPORTED
 
 
-def test_one_by_one_stride_two_fill():
+def test_one_by_one_stride_two_fill(monkeypatch):
     """1x1 stride 2 without padding: one phase (even rows, even columns) is a GEMM into every other
     pixel; the other three only get the fill, whose masks name the odd residues."""
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA_PHASES", False)   # (the phase's fwd_wgmma params read below)
     h = cpu_handle()
     c, x, w, y = _resnet_l3(h, n=32, cc=256, hw=56, r=1, s=2, p=0, k=512)
     pl = CP.new_plan(h, CPb.DIR_BWD_DATA, BD1, c, x, w, y)

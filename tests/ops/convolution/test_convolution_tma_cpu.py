@@ -123,9 +123,10 @@ def test_tile_width(h, tma_on, monkeypatch):
     assert pl.bn == 64 and pl.q.tiles_k == 4 and pl.maps[1].map.box == (64, 1, 64)
 
 
-def _emulate(pb, q, x, w, bn):
+def _emulate(pb, q, x, w, bn, box_b=None):
     """fwd_tma's walk in numpy: per item, the K tiles' boxes (zeros out of bounds) multiplied K-major, then the
-    epilogue's row map. x (N, H, W, C), w (K, R, S, C) float64; returns y (N, P, Q, K)."""
+    epilogue's row map. x (N, H, W, C), w (K, R, S, C) float64; returns y (N, P, Q, K). box_b(c0, tap, n0) -> (bn,
+    64): B's tile another way (backward data's direct read, test_convolution_tma_dgrad_cpu.py)."""
     N, H, W, C = x.shape
     K, R, S, _ = w.shape
     P, Q = pb.out3[1], pb.out3[2]
@@ -144,6 +145,8 @@ def _emulate(pb, q, x, w, bn):
         return out.reshape(128, 64)   # row = wi + tw * (hi + th * ni)
 
     def box_w(c0, tap, n0):
+        if box_b is not None:
+            return box_b(c0, tap, n0)
         out = np.zeros((bn, 64))
         blk = wt[n0:n0 + bn, tap, c0:c0 + 64]
         out[:blk.shape[0], :blk.shape[1]] = blk

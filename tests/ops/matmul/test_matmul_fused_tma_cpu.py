@@ -77,6 +77,12 @@ def _graph(h, kind, m, n, k, tb=False, batch=1):
     return g, g._plan_obj.built.steps[0]
 
 
+def _stsm(kind, sb):
+    """The shared memory tuning.matmul.EPI_STSM (on) adds to a fused gemm_tma launch of `kind` (a stored C: not the
+    row MAX graph) with sb staged bytes."""
+    return cg.stsm_smem(sb) if tuning.matmul.EPI_STSM and kind != "rowmax" else 0
+
+
 def _buffers(buf, kind, m, n, k, batch=1):
     names = {"x": batch * m * k * 2, "w": k * n * 2, "b": n * 2, "y": batch * m * (1 if kind == "rowmax" else n) * 2}
     if kind == "residual":
@@ -98,8 +104,9 @@ def test_fused_graph_runs_on_gemm_tma(sm90, kind):
     rec, expr, (arr, _, q, e) = step.recs[0]
     assert rec.maps is not None and isinstance(q, M.MatmulTmaParams) and expr.endswith("_f")
     # (FUSED_STAGE, on: the bias + GELU epilogue's bias staged, 8 warp buffers of 512 bytes more)
-    staged = cg.stage_smem(512) if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
-    assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == M.TMA_TILE.smem + staged
+    sb = 512 if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
+    smem = M.TMA_TILE.smem + cg.stage_smem(sb) + _stsm(kind, sb)
+    assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == smem
     assert len(units) == 1 and set(units[0].exprs) == {expr, step.recs[1][1]} and units[0].archs == ("sm_90a",)
     text, _ = cache.unit_inputs(units[0])
     assert "gemm_tma_body<pydnn::bf16_t, 256, 4, false, false, 1, true>" in text
@@ -419,13 +426,15 @@ def test_fused_stage_switch(sm90, monkeypatch, kind):
     assert tuning.matmul.FUSED_STAGE is True
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", False)
     _, step = _graph(h, kind, 2048, 2048, 512)
-    assert "kStage = 0;" in cache.unit_inputs(units[-1])[0] and step.recs[0][0].smem == M.TMA_TILE.smem
+    assert "kStage = 0;" in cache.unit_inputs(units[-1])[0]
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + _stsm(kind, 0)
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
     g, step = _graph(h, kind, 2048, 2048, 512)
     text = cache.unit_inputs(units[-1])[0]
     staged = kind == "gelu"
     assert ("kStage = 512;" in text) == staged and ("kStage = 0;" in text) != staged
-    assert step.recs[0][0].smem == M.TMA_TILE.smem + (cg.stage_smem(512) if staged else 0)
+    sb = 512 if staged else 0
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + _stsm(kind, sb)
     before = drv.launches
     g.execute(_buffers(buf, kind, 2048, 2048, 512), buf(max(g.get_workspace_size(), 1))[0])
     assert drv.launches == before + 1
@@ -655,3 +664,92 @@ def test_timeline_stamps_only_under_the_define():
                 continue
             clocks = sum(("SR_CLOCKLO" in ln or "SR_GLOBALTIMER" in ln) for ln in lines)
             assert (clocks > 0) == tl, (src, tl, clocks)
+
+
+# ----------------------------------------------------------------------------- one-MUFU GELU, stmatrix stores
+def _fast_kernel_ops(name, text):
+    """NVRTC + ptxas (sm_90a) of a generated fused GEMM: (ptxas log, the fast kernel's SASS lines and opcodes, both
+    None where cuobjdump is missing), its fast kernel checked for no spill and <= 168 registers at entry."""
+    fe = f"pydnn::graph::{name}_f"
+    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
+                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
+    log = log if isinstance(log, str) else log.decode()
+    props = {f: (int(a), int(b)) for f, a, b in re.findall(
+        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
+    assert props.get(lowered[fe]) == (0, 0), log
+    regs = dict(re.findall(r"Compiling entry function '(\S+)'[\s\S]*?Used (\d+) registers", log))
+    assert int(regs[lowered[fe]]) <= 168, log
+    lines = _fast_sass(cubin, lowered[fe])
+    if lines is None:
+        return log, None, None
+    return log, lines, [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0]
+                        for ln in lines]
+
+
+@pytest.mark.parametrize("stage", [True, False])
+@pytest.mark.parametrize("kind", ["gelu", "residual", "rowmax"])
+def test_stsm_plan_and_smem(sm90, monkeypatch, kind, stage):
+    """tuning.matmul.EPI_STSM: the generated epilogue of a fused GEMM on gemm_tma's cooperative tile with a stored
+    C gets kStsm and the launch 8 x 2 KiB more shared memory (stsm_smem; 128 bytes of alignment where nothing is
+    staged), inside the SM's 227 KiB with the largest staging; a row reduction (no change to its store) keeps its
+    kernel; tuning.graph.EPI_GELU_EX2 makes the GELU gelu_ex2 there and nowhere else (the pointwise chain, the
+    normalization epilogues keep gelu_fast5)."""
+    h, buf, drv, enc, units = sm90
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", stage)
+    monkeypatch.setattr(tuning.matmul, "EPI_STSM", True)
+    monkeypatch.setattr(tuning.graph, "EPI_GELU_EX2", True)
+    g, step = _graph(h, kind, 2048, 2048, 512)
+    text = cache.unit_inputs(units[-1])[0]
+    sb = 512 if kind == "gelu" and stage else 0
+    assert ("kStsm = true" in text) == (kind != "rowmax")  # the row MAX graph stores no C
+    want = M.TMA_TILE.smem + cg.stage_smem(sb) + (cg.stsm_smem(sb) if "kStsm = true" in text else 0)
+    assert step.recs[0][0].smem == want
+    assert ("gelu_ex2(" in text) == (kind == "gelu") and "gelu_fast5(" not in text
+    assert cg.stsm_smem(0) == 8 * 2048 + 128 and cg.stsm_smem(512) == 8 * 2048
+    assert M.TMA_TILE.smem + cg.stage_smem(cg.STAGE_MAX_BYTES) + cg.stsm_smem(cg.STAGE_MAX_BYTES) <= 227 * 1024
+    # the pointwise chain keeps gelu_fast5 under the switch
+    prog = cg.PwProgram([("bf16", "in"), ("bf16", "out")], [cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("op", 0))],
+                        [(0, 1)])
+    (_, e), = cg.expressions(prog)
+    assert e.startswith("gelu_fast5(")
+    (_, e), = cg.expressions(prog, gemm=True)
+    assert e.startswith("gelu_ex2(")
+
+
+def test_stsm_only_on_the_cooperative_tile():
+    """matmul_source refuses kStsm on the ping-pong tile, a cluster tile, the wgmma tiles and float outputs."""
+    prog, final, access, red = _programs()["gelu"]
+    for tile, tag in ((M.TMA_PP_TILE, "bf16"), (M.TMA_PPC_TILE, "bf16"), (M.TC_TILES[0], "bf16"),
+                      (M.TMA_TILE, "f32")):
+        with pytest.raises(ValueError):
+            cg.matmul_source(prog, final, tag, tile, M.TC_GENERAL, False, False, access=access, stsm=True)
+
+
+def test_stsm_gelu_ex2_kernel_sass():
+    """ptxas (sm_90a) on the fused bias + GELU kernel with EPI_GELU_EX2 and EPI_STSM (bias staged): 168 registers
+    at entry, no spill in the fast kernel; SASS where cuobjdump exists: the staged fast tile's epilogue (the
+    cp.async wait to the last wide store) has one MUFU an output (128 EX2 a thread, no RCP), 16 STSM (4 a
+    64-column chunk), 16 LDS.128 and 16 STG.E.128, no SHFL, and the whole kernel no SHFL."""
+    from pydnn import tuning as T
+
+    keep = T.graph.EPI_GELU_EX2
+    T.graph.EPI_GELU_EX2 = True
+    try:
+        prog, final, access, _ = _programs()["gelu"]
+        name, text = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access,
+                                      stage_bn=256, stsm=True)
+    finally:
+        T.graph.EPI_GELU_EX2 = keep
+    assert "gelu_ex2(" in text and "kStsm = true" in text
+    log, lines, ops = _fast_kernel_ops(name, text)
+    if ops is None:
+        return
+    assert not any(o.startswith(("LDL", "STL", "SHFL")) for o in ops)
+    stsm = [i for i, o in enumerate(ops) if o.startswith("STSM")]
+    assert len(stsm) == 16
+    wide = [i for i, o in enumerate(ops) if o == "STG.E.128" and i > stsm[0]]
+    waits = [i for i, o in enumerate(ops) if o.startswith("LDGDEPBAR") or o.startswith("DEPBAR")]
+    start = max(i for i in waits if i < stsm[0]) if any(i < stsm[0] for i in waits) else 0
+    region = Counter(ops[start:wide[15] + 1])
+    assert region["MUFU.EX2"] == 128 and region["MUFU.RCP"] == 0, region
+    assert region["LDS.128"] == 16 and region["STG.E.128"] == 16 and region["LDS"] == 32, region

@@ -219,7 +219,9 @@ def test_fused_tma_staged_bias(handle, rng, monkeypatch, kind, m, n, k, batch, s
 
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
     step = _run(handle, rng, monkeypatch, BF16, kind, m, n, k, batch, False, sms)
-    assert step.recs[0][0].smem == M.TMA_TILE.smem + (cg.stage_smem(256 * 2) if kind == "gelu" else 0)
+    sb = 256 * 2 if kind == "gelu" else 0
+    assert step.recs[0][0].smem == (M.TMA_TILE.smem + cg.stage_smem(sb) +
+                                    (cg.stsm_smem(sb) if tuning.matmul.EPI_STSM else 0))
 
 
 def test_fused_tma_staged_bias_unaligned(handle, rng, monkeypatch):
@@ -242,3 +244,45 @@ def test_fused_tma_staged_bias_unaligned(handle, rng, monkeypatch):
     scale = np.matmul(np.abs(av), np.abs(wv)) + np.abs(bv)
     assert_close(ty.download(), ref.pointwise("GELU_FWD", c), BF16, "staged bias, unaligned", scale=scale)
     ty.check_untouched()
+
+
+# ----------------------------------------------------------------------------- one-MUFU GELU, stmatrix stores
+
+@pytest.mark.parametrize("ex2, stsm, stage", [(True, False, True), (False, True, True), (True, True, True),
+                                              (True, True, False), (False, False, True)],
+                         ids=["ex2", "stsm", "ex2_stsm", "ex2_stsm_nostage", "neither"])
+@pytest.mark.parametrize("m, n, k, batch, tb, sms", GELU_CASES, ids=["interior", "edges_batched", "nt_pairs"])
+def test_fused_tma_gelu_ex2_stsm(handle, rng, monkeypatch, ex2, stsm, stage, m, n, k, batch, tb, sms):
+    """tuning.graph.EPI_GELU_EX2 (GELU_FWD as the one-MUFU gelu_ex2; on) and tuning.matmul.EPI_STSM (the WIDE
+    store through stmatrix and a 2 KiB shared buffer a consumer warp; on), each on and off, with and without the
+    staged bias: the same tolerance as every fused GELU (interior tiles, edges with 2 blocks walking batched
+    tiles and a ragged K, pair-store rows)."""
+    from pydnn import tuning
+    from pydnn._build import cache
+    from pydnn.graph import codegen as cg
+
+    monkeypatch.setattr(tuning.graph, "EPI_GELU_EX2", ex2)
+    monkeypatch.setattr(tuning.matmul, "EPI_STSM", stsm)
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", stage)
+    step = _run(handle, rng, monkeypatch, BF16, "gelu", m, n, k, batch, tb, sms)
+    text = cache.unit_inputs(step.unit)[0]
+    assert ("gelu_ex2(" in text) == ex2 and ("gelu_fast5(" in text) != ex2
+    assert ("kStsm = true" in text) == stsm
+    sb = cg.stage_plan(_graph_prog_for_smem(), ["C"], 256)[1] if stage else 0
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + (cg.stsm_smem(sb) if stsm else 0)
+
+
+def _graph_prog_for_smem():
+    from pydnn.graph import codegen as cg
+
+    add = P.PYDNN_POINTWISE_ADD
+    return cg.PwProgram([("bf16", "in")], [cg.PwNode(add, x=("acc", 0), b=("op", 0)),
+                                           cg.PwNode(P.PYDNN_POINTWISE_GELU_FWD, x=("v", 0))], [])
+
+
+def test_fused_tma_stsm_residual(handle, rng, monkeypatch):
+    """EPI_STSM with bias + residual (no staging: a row-moving input) on edges and 2 blocks."""
+    from pydnn import tuning
+
+    monkeypatch.setattr(tuning.matmul, "EPI_STSM", True)
+    _run(handle, rng, monkeypatch, BF16, "residual", 600, 712, 520, 2, False, 2)

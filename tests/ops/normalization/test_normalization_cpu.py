@@ -1172,9 +1172,11 @@ def test_l2_prefetch_distance(monkeypatch):
                                                 ((70, 100), (103, 1), BF16), ((9, 4231), None, F16),
                                                 ((5, 12345), None, F32), ((3, 40275), None, F32),
                                                 ((2, 30693), None, F16), ((1, 64254), None, BF16)])
-def test_rowx_walks_with_few_sms(dims, strides, dtype):
+def test_rowx_walks_with_few_sms(dims, strides, dtype, monkeypatch):
     """fwd_rowx / bwd_rowx on a 1-SM handle (bwd_rowx's groups then walk many rows of their class): every
-    element once, at its row's address, with its parameter (the emulations above)."""
+    element once, at its row's address, with its parameter (the emulations above). (XSPLIT off: its split
+    kernels would take the rows of a cluster per row, as many as the one SM; test_normalization_xsplit_cpu.py)"""
+    monkeypatch.setattr(tuning.norm, "XSPLIT", False)
     h = cpu_handle()
     h.sm_count = 1
     nd = _nd(RMS if dims[1] % 2 else LAYER)

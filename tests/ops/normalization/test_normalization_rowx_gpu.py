@@ -18,6 +18,9 @@ pytestmark = pytest.mark.gpu
 def _no_rows_fit(monkeypatch):
     """These tests state the 4-item plans (tuning.norm.ROWS_FIT's 5-item ones: test_normalization_fit_*.py)."""
     monkeypatch.setattr(tuning.norm, "ROWS_FIT", False)
+    # (and bwd_rowx's plans: tuning.norm.XSPLIT_SLOTS moves few-rows-per-group shapes such as 417 x 2770 to the split
+    # kernels, tested in test_normalization_xsplit_gpu.py)
+    monkeypatch.setattr(tuning.norm, "XSPLIT_SLOTS", False)
 
 
 F32, F16, BF16 = pydnn.PYDNN_DATA_FLOAT, pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16
@@ -177,11 +180,13 @@ def test_rowx_backward_rows_per_group(handle, rng, monkeypatch, k):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", [0, 1, 2, 3, 4, 9])
-def test_rowx_backward_ws16(handle, rng, case, dtype, monkeypatch):
+@pytest.mark.parametrize("ws16", [True, False], ids=["ws16", "walk"])
+def test_rowx_backward_ws16(handle, rng, case, dtype, monkeypatch, ws16):
     """ROWX_BWD_WS16: bwd_rowx's dscale / dbias slots written in order with 16-byte (8-, 4-byte where the slot is off
     16 bytes: rows of 37 / 1001 / 4231 parameters) stores, from every alignment class; LN bf16 417 x 2770 (the
-    sweep's point) and a 1-SM plan walking many rows."""
-    monkeypatch.setattr(tuning.norm, "ROWX_BWD_WS16", True)
+    sweep's point) and a 1-SM plan walking many rows; and with ROWX_BWD_WS16 off (on by default since session 32), the
+    per-thread walk of the slot (which bwd_rowx_cl keeps)."""
+    monkeypatch.setattr(tuning.norm, "ROWX_BWD_WS16", ws16)
     cases = BWD_CASES + [None] * 10
     cases[9] = (LAYER, (417, 2770), "nchw", {4: True, 2: True})
     kind, dims, layout, uses = cases[case]

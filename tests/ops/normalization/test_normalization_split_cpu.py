@@ -39,7 +39,7 @@ def _split(monkeypatch):
 def test_split_plan_covers(rows, length, kind, rng):
     h = cpu_handle()
     pl = _plan(h, rows, length, kind=kind)
-    dx, par, fin = pl.alternatives[0]
+    par, dx, fin = pl.alternatives[0]  # (params first: dx may be dy or x, in place)
     assert "bwd_split_dx<float, 4>" in dx.expr and "bwd_split_params<float, 4>" in par.expr
     assert "finish_rowx" in fin.expr and dx.unit == par.unit == fin.unit == "normalization.rowx.f32"
     nvec = length // 4
@@ -83,13 +83,18 @@ def test_split_not_taken(monkeypatch):
     monkeypatch.setattr(tuning.norm, "BWD_SPLIT_16", False)
     assert "bwd_split" not in _plan(h, 3673, 8552, BF16).alternatives[0][0].expr    # 16-bit: its own switch
     monkeypatch.setattr(tuning.norm, "BWD_SPLIT_16", True)
-    assert "bwd_split_dx<pydnn::bf16_t, 8>" in _plan(h, 3673, 8552, BF16).alternatives[0][0].expr
+    assert "bwd_split_dx<pydnn::bf16_t, 8>" in _plan(h, 3673, 8552, BF16).alternatives[0][1].expr
     assert "bwd_split" not in _plan(h, 3673, 8551).alternatives[0][0].expr          # not whole vectors: rowx
     monkeypatch.setattr(tuning.norm, "BWD_SPLIT", False)
     assert "bwd_split" not in _plan(h, 3673, 8552).alternatives[0][0].expr
 
 
 def test_split_kernels_compile_without_spills():
+    compile_without_spills("::bwd_split_")
+
+
+def compile_without_spills(pattern):
+    """The rowx units' two instantiations whose names hold `pattern` compile for sm_80 and sm_90 without spills."""
     from pydnn._build import cache
     from pydnn._build.manifest import COMMON_OPTIONS
     from pydnn._cuda import nvrtc
@@ -97,7 +102,7 @@ def test_split_kernels_compile_without_spills():
     for unit in N.kernel_units():
         if not unit.name.startswith("normalization.rowx."):
             continue
-        exprs = tuple(e for e in unit.exprs if "::bwd_split_" in e)
+        exprs = tuple(e for e in unit.exprs if pattern in e)
         assert len(exprs) == 2, (unit.name, exprs)
         text, _ = cache.unit_inputs(unit)
         for arch in ("sm_80", "sm_90"):

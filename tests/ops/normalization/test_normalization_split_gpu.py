@@ -25,7 +25,7 @@ def test_split_backward(handle, rng, monkeypatch, kind, length):
     assert not alts[0][0].startswith("bwd_split"), alts
     monkeypatch.setattr(tuning.norm, "BWD_SPLIT", True)
     alts, ws = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
-    assert [a.split()[0] for a in alts[0]] == ["bwd_split_dx", "bwd_split_params", "finish"], alts
+    assert [a.split()[0] for a in alts[0]] == ["bwd_split_params", "bwd_split_dx", "finish"], alts
     _backward_check(handle, rng, kind, 0, 1, dims, "nchw", F32)
     _backward_check(handle, rng, kind, 0, 1, dims, "nchw", F32, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
                     dbias=False)
@@ -39,7 +39,7 @@ def test_split_backward_16(handle, rng, monkeypatch, dtype):
     for kind, dims in ((RMS, (max(150, handle.sm_count + 3), 32768)), (LAYER, (max(140, handle.sm_count + 1), 17000))):
         x = _tensor(dims, "nchw", dtype)
         alts, _ = N.plan_summary(handle, _nd(kind, 0, 1), x.desc, backward=True)
-        assert [a.split()[0] for a in alts[0]] == ["bwd_split_dx", "bwd_split_params", "finish"], alts
+        assert [a.split()[0] for a in alts[0]] == ["bwd_split_params", "bwd_split_dx", "finish"], alts
         _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype)
         _backward_check(handle, rng, kind, 0, 1, dims, "nchw", dtype, alphas=(0.5, -1.5, 2.0, 0.25), bias=False,
                         dbias=False)
