@@ -891,6 +891,15 @@ torch = Switches(
                       "(tools/bench_cnn_step.py, mid-session run of session 32) its own effect was within the "
                       "host's run-to-run spread: 1.054x PyTorch's step with it (one run), 1.096x / 1.028x without; "
                       "the chain's 1.011x / 1.014x ran with it. False: the block's general path"),
+    BLOCK_ARENA=(True, "a BLOCK_LEAN block's training forward (affine batch norm) allocates the tensors that only "
+                       "its backward reads (the NHWC copy of x, the 16-bit / NHWC filter, the convolution's output, "
+                       "the batch norm's output and its statistics / reserve buffer) as one buffer, pydnn's calls "
+                       "taking pointers into it (the backward's general path, where it runs, takes views of it): "
+                       "7 torch allocations and 7 saved tensors fewer a CNN demo step (4 of 6 allocations in the "
+                       "second block's forward, 3 of 5 in the first's). H200 (tools/bench_cnn_step.py, session 32's "
+                       "second mid-session run, one process; its A/B runs were lost to a kernel compile): pydnn's "
+                       "step 0.936x PyTorch's (2.565 / 2.741 ms), its forward's host time 0.875 ms against PyTorch's "
+                       "0.895 (60-126 us over before). False: one allocation each"),
     LINEAR_LEAN=(False, "Linear under autocast with its casts folded (FOLD_CASTS), weights up to 2^18 elements (the "
                        "host-bound CNN demo's classifier; not the GPT demo's projections): the float32 weight and "
                        "bias cast "
@@ -898,8 +907,10 @@ torch = Switches(
                        "after the matmul's workspace), the bias added by pydnn.add_tensor instead of Tensor.add_, "
                        "the weight / bias gradients cast back by transform_tensor: 5 torch operations and an "
                        "allocation fewer a call (the same values: each cast rounds to nearest even, the bias sum is "
-                       "float math rounded once). Off: not yet run on the GPU (the mid-session run of session 32 had the "
-                       "tree before it; tests/torch/test_torch_block_lean_gpu.py compares it on and off)"),
+                       "float math rounded once). Off: not yet timed on the GPU (the first mid-session run of "
+                       "session 32 had the tree before it, the second's A/B was killed by a kernel compile; on the "
+                       "CPU stand-in its step time equals the default's; tests/torch/test_torch_block_lean_gpu.py "
+                       "compares it on and off)"),
     FUSE_CHAIN=(True, "an nn.Sequential that pydnn.torch.convert(fuse=True) found made of fused conv + batch norm "
                        "blocks (FUSE_BLOCK), nn.Flatten and Linear (the CNN demo's model) runs its training forward "
                        "as one autograd Function (pydnn.torch.functional.ChainFunction: each stage's own forward and "

@@ -184,7 +184,8 @@ def rnn_setup(backend, dev):
 # convolution.bf16); a unit this list misses still compiles on first use.
 CNN_UNITS = ("batchnorm.bf16", "conv_bias.bf16", "conv_gemm.bf16", "convolution.bf16", "convolution.wgmma.bf16",
              "convolution.wgrad.bf16", "matmul.bf16.nn", "matmul.bf16.tn", "matmul.wgmma.bf16",
-             "matmul.wgmmas.bf16", "pooling.bf16", "tensor_ops.transform.h16", "convolution.tma.bf16",
+             "matmul.wgmmas.bf16", "pooling.bf16", "tensor_ops.transform.h16",
+             "convolution.tma.bf16.bn128",  # (the second block's NHWC forward; the tma units are split by tile N)
              "tensor_ops.transform.f32",  # (tuning.torch.BLOCK_NHWC: the float32 weight cast in its NHWC transform)
              "tensor_ops.h16", "tensor_ops.rows.h16")  # (tuning.torch.LINEAR_LEAN: the bias by add_tensor)
 # The GPT demo's (default size, 64 x 1024 tokens; the same stub replay over tools/profile_torch_host_cpu.py

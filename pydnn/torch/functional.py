@@ -828,7 +828,8 @@ class _LeanFwd:
     """What the block's lean forward needs beyond its record: the float32 <-> compute-dtype descriptors of the
     parameters' casts (None: no cast) and the scratch layout of the forward (the convolution's workspace, then
     the 16-bit bias)."""
-    __slots__ = ("b32d", "w32d", "w16d", "b_off", "total")
+    __slots__ = ("b32d", "w32d", "w16d", "b_off", "total", "x_shape", "w_shape", "y_stride", "o_xc", "o_wc",
+                 "o_y", "o_yb", "o_buf", "arena")
 
 
 def _lean_fwd_plan(r, x, weight, bias, relu, pool):
@@ -842,7 +843,8 @@ def _lean_fwd_plan(r, x, weight, bias, relu, pool):
         return None
     dt = r.dt
     lf = _LeanFwd()
-    cp = conv.pl.nhwc if r.nhwc else conv.pl
+    pl = conv.pl
+    cp = pl.nhwc if r.nhwc else pl
     k = weight.shape[0]
     lf.b32d = (C.tensor_desc(bias.dtype, (1, k, 1, 1), (k, 1, 1, 1))
                if bias is not None and bias.dtype is not dt else None)
@@ -851,6 +853,26 @@ def _lean_fwd_plan(r, x, weight, bias, relu, pool):
     lf.w16d = C.tensor_desc(dt, tuple(weight.shape), packed)
     lf.b_off = _align(cp.fwd_ws, _LEAN_ALIGN)
     lf.total = lf.b_off + (_align(k * x.element_size(), _LEAN_ALIGN) if lf.b32d is not None else 0)
+    # BLOCK_ARENA: the forward's tensors that only the block's backward reads, in one allocation: [the NHWC copy
+    # of x (BLOCK_NHWC) | the 16-bit / NHWC filter (where the forward makes one) | the convolution's output | the
+    # batch norm's output | its statistics, reserve space and workspace (the batch norm record's buffer)]
+    es = torch.empty(0, dtype=dt).element_size()
+    yt = (torch.empty(cp.y_shape, dtype=dt, device=x.device, memory_format=torch.channels_last) if r.nhwc
+          else _output_like(x, pl.y_shape))
+    lf.x_shape, lf.w_shape, lf.y_stride = tuple(x.shape), tuple(weight.shape), yt.stride()
+    off = 0
+
+    def take(n):
+        nonlocal off
+        o = off
+        off += _align(n, _LEAN_ALIGN)
+        return o
+    lf.o_xc = take(x.numel() * es) if r.nhwc else -1
+    lf.o_wc = take(weight.numel() * es) if (r.nhwc or lf.w32d is not None) else -1
+    lf.o_y = take(yt.numel() * es)
+    lf.o_yb = take(yt.numel() * es)
+    lf.o_buf = take(r.bn.nbuf)
+    lf.arena = off
     return lf
 
 
@@ -860,14 +882,7 @@ def _block_fwd_lean(h, rec, lf, x, w, b):
     NHWC copy under BLOCK_NHWC, else into a packed 16-bit filter kept for the backward)."""
     conv, dt = rec.conv, rec.dt
     pl = conv.pl
-    ws, sp = C.workspace(lf.total, x.device)
-    if b is None:
-        bp = 0
-    elif lf.b32d is not None:
-        bp = sp + lf.b_off
-        pydnn.transform_tensor(h, 1.0, lf.b32d, b.data_ptr(), 0.0, pl.bd, bp)
-    else:
-        bp = b.data_ptr()
+    ws, sp, bp = _lean_bias(h, lf, pl, b, x.device)
     if rec.nhwc:
         cp = pl.nhwc
         cl = torch.channels_last
@@ -883,21 +898,108 @@ def _block_fwd_lean(h, rec, lf, x, w, b):
         else:
             wc = _transform(h, w, torch.empty(w.shape, dtype=dt, device=w.device), lf.w32d, lf.w16d)
         y = _output_like(x, pl.y_shape)
+    _lean_conv(h, cp, xc.data_ptr(), wc.data_ptr(), sp, y.data_ptr(), bp)
+    return y, (xc, wc, None), (2 if rec.nhwc else False)
+
+
+def _lean_bias(h, lf, pl, b, dev):
+    """The lean forward's workspace (tensor, pointer) and its bias pointer (the 16-bit cast in the workspace after
+    the convolution's own, where the bias is not in the compute dtype; 0: no bias)."""
+    ws, sp = C.workspace(lf.total, dev)
+    if b is None:
+        bp = 0
+    elif lf.b32d is not None:
+        bp = sp + lf.b_off
+        pydnn.transform_tensor(h, 1.0, lf.b32d, b.data_ptr(), 0.0, pl.bd, bp)
+    else:
+        bp = b.data_ptr()
+    return ws, sp, bp
+
+
+def _lean_conv(h, cp, xcp, wcp, sp, yp, bp):
+    """The lean forward's convolution on plan cp (bias bp fused where there is one) into yp."""
     wsp = sp if cp.fwd_ws else None
-    yp = y.data_ptr()
     if bp:
         try:
             pydnn.convolution_bias_activation_forward(
-                h, 1.0, cp.xd, xc.data_ptr(), cp.wd, wc.data_ptr(), cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp,
-                cp.bd, bp, activation_desc("identity"), cp.yd, yp)
+                h, 1.0, cp.xd, xcp, cp.wd, wcp, cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp, cp.bd, bp,
+                activation_desc("identity"), cp.yd, yp)
         except pydnn.PydnnError as e:
             if C.is_not_supported(e):
                 cp.fused_ok = False  # (the general path from now on: its unfused form)
             raise
     else:
-        pydnn.convolution_forward(h, 1.0, cp.xd, xc.data_ptr(), cp.wd, wc.data_ptr(), cp.cd, cp.fwd, wsp, cp.fwd_ws,
-                                  0.0, cp.yd, yp)
-    return y, (xc, wc, None), (2 if rec.nhwc else False)
+        pydnn.convolution_forward(h, 1.0, cp.xd, xcp, cp.wd, wcp, cp.cd, cp.fwd, wsp, cp.fwd_ws, 0.0, cp.yd, yp)
+
+
+def _block_fwd_arena(h, rec, lf, x, w, b, bn_w, bn_b, running_mean, running_var, factor, eps):
+    """The whole block's forward (BLOCK_ARENA; the lean path's convolution, the batch norm with its ReLU, the max
+    pool): (z, the tensors saved for the backward: (x or None, w or None, the arena, bn_w, bn_b, z)). x / w are
+    saved where the convolution reads them as they are (no copy in the arena). One allocation besides z."""
+    conv, dt, bn = rec.conv, rec.dt, rec.bn
+    pl = conv.pl
+    dev = x.device
+    ws, sp, bp = _lean_bias(h, lf, pl, b, dev)
+    arena = torch.empty(lf.arena, dtype=torch.uint8, device=dev)
+    ap = arena.data_ptr()
+    if rec.nhwc:
+        cp = pl.nhwc
+        xcp, wcp, xt, wt = ap + lf.o_xc, ap + lf.o_wc, None, None
+        pydnn.transform_tensor(h, 1.0, pl.xd, x.data_ptr(), 0.0, cp.xd, xcp)
+        pydnn.transform_tensor(h, 1.0, lf.w32d if lf.w32d is not None else pl.wtd, w.data_ptr(), 0.0, cp.wtd, wcp)
+    else:
+        cp = pl
+        xcp, xt = x.data_ptr(), x
+        if lf.w32d is None:
+            wcp, wt = w.data_ptr(), w
+        else:
+            wcp, wt = ap + lf.o_wc, None
+            pydnn.transform_tensor(h, 1.0, lf.w32d, w.data_ptr(), 0.0, lf.w16d, wcp)
+    yp = ap + lf.o_y
+    _lean_conv(h, cp, xcp, wcp, sp, yp, bp)
+    # the batch norm (Ex, ReLU) on the convolution's output, as _bn_fwd_train with its record's buffer layout
+    smp, ybp = ap + lf.o_buf, ap + lf.o_yb
+    nws = bn.nws
+    pydnn.batch_normalization_forward_training_ex(
+        h, pydnn.PYDNN_BATCHNORM_SPATIAL, pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, 1.0, 0.0, bn.xd, yp, None, None,
+        bn.yd, ybp, bn.pd, bn_w.data_ptr(), bn_b.data_ptr(), factor, ptr(running_mean), ptr(running_var), eps, smp,
+        smp + bn.c * (8 if bn.pdt == torch.float64 else 4), activation_desc("relu"),
+        smp + bn.ws_off if nws else None, nws, smp + bn.rs_off, bn.nrs)
+    pr = bn.pool
+    z = torch.empty_strided(pr.out, pr.y_stride, dtype=dt, device=dev)
+    pydnn.pooling_forward(h, pr.pd, 1.0, pr.xd, ybp, 0.0, pr.yd, z.data_ptr())
+    return z, (xt, wt, arena, bn_w, bn_b, z)
+
+
+def _arena_view(arena, off, dt, shape, strides):
+    """A tensor of (shape, strides, dt) at byte `off` of the arena (off: a multiple of _LEAN_ALIGN)."""
+    t = torch.empty(0, dtype=dt, device=arena.device)
+    return t.set_(arena.untyped_storage(), off // t.element_size(), shape, strides)
+
+
+def _arena_saved(ctx, saved):
+    """A BLOCK_ARENA forward's saved tensors in the layout of the block's other paths: (xc, wc, None, x, w, b,
+    buf, y, z) (xc / wc: x and the filter as the convolution read them; x: its output; y: the batch norm's)."""
+    rec = ctx.rec
+    lf, bn, dt = rec.lean, ctx.bn, rec.dt
+    xt, wt, arena, bn_w, bn_b, z = saved
+    cl = torch.channels_last
+    if rec.nhwc:
+        ph = rec.conv.pl.nhwc
+        xc = _arena_view(arena, lf.o_xc, dt, lf.x_shape, torch.empty(lf.x_shape, dtype=dt, device="meta",
+                                                                     memory_format=cl).stride())
+        wc = _arena_view(arena, lf.o_wc, dt, lf.w_shape, torch.empty(lf.w_shape, dtype=dt, device="meta",
+                                                                     memory_format=cl).stride())
+        ys = ph.y_shape
+    else:
+        xc = xt
+        wc = wt if wt is not None else _arena_view(arena, lf.o_wc, dt, lf.w_shape,
+                                                   torch.empty(lf.w_shape, device="meta").stride())
+        ys = rec.conv.pl.y_shape
+    x = _arena_view(arena, lf.o_y, dt, ys, lf.y_stride)
+    y = _arena_view(arena, lf.o_yb, dt, ys, bn.y_stride)
+    buf = _arena_view(arena, lf.o_buf, torch.uint8, (bn.nbuf,), (1,))
+    return xc, wc, None, x, bn_w, bn_b, buf, y, z
 
 
 class _LeanBwd:
@@ -972,29 +1074,29 @@ def _lean_bwd_plan(h, rec, bn, x_bn, xc, wc, need, w_dt, b_dt):
     return lb
 
 
-def _block_bwd_lean(ctx, h, dz, lb, saved):
+def _block_bwd_lean(ctx, h, dz, lb, p):
     """The block's backward (BLOCK_LEAN) on plan lb: the pool's backward, the batch norm's (Ex, ReLU mask from
-    the reserve space) and the convolution's, every temporary a pointer into one workspace buffer. saved: ctx's
-    saved tensors (each read of ctx.saved_tensors unpacks them again)."""
+    the reserve space) and the convolution's, every temporary a pointer into one workspace buffer. p: the saved
+    tensors' pointers (x and the filter as the convolution read them, its output, the batch norm's buffer, its
+    output, the pool's output), the batch norm's weight and bias, and x / the filter where the convolution read
+    them as they are (the tensors whose layout dx / dw take), else None."""
     rec, bn = ctx.rec, ctx.bn
     pr = bn.pool
     n = ctx.needs_input_grad
-    xc, wc = saved[0], saved[1]
-    x, w, b, buf, y, z = saved[3:]
+    xcp, wcp, xp, smp, yp, zp, w, b, xc, wc = p
+    lf = rec.lean
     ws, sp = C.workspace(lb.total, dz.device)
     pdy, bdx = sp + lb.pdy, sp + lb.bdx
-    pydnn.pooling_backward(h, pr.pd, 1.0, pr.yd, z.data_ptr(), pr.yd, dz.data_ptr(), pr.xd, y.data_ptr(), 0.0, pr.xd,
-                           pdy)
+    pydnn.pooling_backward(h, pr.pd, 1.0, pr.yd, zp, pr.yd, dz.data_ptr(), pr.xd, yp, 0.0, pr.xd, pdy)
     # two allocations: one (2, C) tensor unbound into two views took 7.4 us, two torch.empty 3.6 (CPU, C = 64)
     dbn_w = torch.empty(w.shape, dtype=w.dtype, device=w.device)
     dbn_b = torch.empty(w.shape, dtype=w.dtype, device=w.device)
-    smp = buf.data_ptr()
     sip = smp + bn.c * (8 if bn.pdt == torch.float64 else 4)
     xd = bn.xd
     nws = lb.nws_bn
     pydnn.batch_normalization_backward_ex(
         h, pydnn.PYDNN_BATCHNORM_SPATIAL, pydnn.PYDNN_BATCHNORM_OPS_BN_ACTIVATION, 1.0, 0.0, 1.0, 0.0, xd,
-        x.data_ptr(), None, None, xd, pdy, None, None, xd, bdx, bn.pd, w.data_ptr(), b.data_ptr(), dbn_w.data_ptr(),
+        xp, None, None, xd, pdy, None, None, xd, bdx, bn.pd, w.data_ptr(), b.data_ptr(), dbn_w.data_ptr(),
         dbn_b.data_ptr(), ctx.eps, smp, sip, activation_desc("relu"), sp if nws else None, nws, smp + bn.rs_off,
         bn.nrs)
     pl = rec.conv.pl
@@ -1003,37 +1105,37 @@ def _block_bwd_lean(ctx, h, dz, lb, saved):
         cp = pl.nhwc
         if n[0]:
             dxh = sp + lb.dxh
-            pydnn.convolution_backward_data(h, 1.0, cp.wd, wc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_data,
+            pydnn.convolution_backward_data(h, 1.0, cp.wd, wcp, cp.yd, bdx, cp.cd, cp.bwd_data,
                                             sp if cp.bwd_data_ws else None, cp.bwd_data_ws, 0.0, cp.xd, dxh)
-            dx = torch.empty(xc.shape, dtype=xc.dtype, device=xc.device)
+            dx = torch.empty(lf.x_shape, dtype=rec.dt, device=dz.device)
             pydnn.transform_tensor(h, 1.0, cp.xd, dxh, 0.0, pl.xd, dx.data_ptr())
         if n[1]:
             dwh = sp + lb.dw16
-            pydnn.convolution_backward_filter(h, 1.0, cp.xd, xc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_filter,
+            pydnn.convolution_backward_filter(h, 1.0, cp.xd, xcp, cp.yd, bdx, cp.cd, cp.bwd_filter,
                                               sp if cp.bwd_filter_ws else None, cp.bwd_filter_ws, 0.0, cp.wd, dwh)
             w_dt = ctx.w_dt
-            if rec.w32d is not None and w_dt is not None and w_dt is not wc.dtype:
-                dw = torch.empty(wc.shape, dtype=w_dt, device=wc.device)
+            if rec.w32d is not None and w_dt is not None and w_dt is not rec.dt:
+                dw = torch.empty(lf.w_shape, dtype=w_dt, device=dz.device)
                 pydnn.transform_tensor(h, 1.0, cp.wtd, dwh, 0.0, rec.w32d, dw.data_ptr())
             else:
-                dw = torch.empty(wc.shape, dtype=wc.dtype, device=wc.device)
+                dw = torch.empty(lf.w_shape, dtype=rec.dt, device=dz.device)
                 pydnn.transform_tensor(h, 1.0, cp.wtd, dwh, 0.0, pl.wtd, dw.data_ptr())
     else:
         cp = pl
         if n[0]:
             dx = _empty_like(xc)
-            pydnn.convolution_backward_data(h, 1.0, cp.wd, wc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_data,
+            pydnn.convolution_backward_data(h, 1.0, cp.wd, wcp, cp.yd, bdx, cp.cd, cp.bwd_data,
                                             sp if cp.bwd_data_ws else None, cp.bwd_data_ws, 0.0, cp.xd, dx.data_ptr())
         if n[1]:
             if lb.dw16 >= 0:
                 dwp = sp + lb.dw16
-                pydnn.convolution_backward_filter(h, 1.0, cp.xd, xc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_filter,
+                pydnn.convolution_backward_filter(h, 1.0, cp.xd, xcp, cp.yd, bdx, cp.cd, cp.bwd_filter,
                                                   sp if cp.bwd_filter_ws else None, cp.bwd_filter_ws, 0.0, cp.wd, dwp)
-                dw = torch.empty(wc.shape, dtype=ctx.w_dt, device=wc.device)
+                dw = torch.empty(lf.w_shape, dtype=ctx.w_dt, device=dz.device)
                 pydnn.transform_tensor(h, 1.0, rec.lean.w16d, dwp, 0.0, lb.dw_to, dw.data_ptr())
             else:
                 dw = torch.empty_like(wc)
-                pydnn.convolution_backward_filter(h, 1.0, cp.xd, xc.data_ptr(), cp.yd, bdx, cp.cd, cp.bwd_filter,
+                pydnn.convolution_backward_filter(h, 1.0, cp.xd, xcp, cp.yd, bdx, cp.cd, cp.bwd_filter,
                                                   sp if cp.bwd_filter_ws else None, cp.bwd_filter_ws, 0.0, cp.wd,
                                                   dw.data_ptr())
     if n[2] and ctx.b_dt is not None:
@@ -1068,8 +1170,16 @@ class ConvBatchNormFunction(torch.autograd.Function):
         if rec.nhwc and C.capturing():
             bn = rec.bn_c
         lf = rec.lean
-        if lf is not None and bn is rec.bn and tuning.torch.BLOCK_LEAN and (
-                rec.conv.pl.nhwc if rec.nhwc else rec.conv.pl).fused_ok:
+        lean = lf is not None and bn is rec.bn and tuning.torch.BLOCK_LEAN and (
+            rec.conv.pl.nhwc if rec.nhwc else rec.conv.pl).fused_ok
+        ctx.rec, ctx.bn, ctx.eps, ctx.affine = rec, bn, eps, bn_w is not None
+        ctx.w_dt, ctx.b_dt = w.dtype, None if b is None else b.dtype
+        if lean and tuning.torch.BLOCK_ARENA and bn_w is not None and bn_b is not None:
+            z, saved = _block_fwd_arena(h, rec, lf, x, w, b, bn_w, bn_b, running_mean, running_var, factor, eps)
+            ctx.save_for_backward(*saved)
+            ctx.nhwc, ctx.y_stride, ctx.lean = (2 if rec.nhwc else False), lf.y_stride, 2
+            return z
+        if lean:
             y, csaved, ctx.nhwc = _block_fwd_lean(h, rec, lf, x, w, b)
         elif bn is rec.bn and rec.nhwc:
             bc = b if (b is None or b.dtype is dt) else b.to(dt)
@@ -1096,8 +1206,6 @@ class ConvBatchNormFunction(torch.autograd.Function):
         ctx.lean = lf is not None and bn is rec.bn and ctx.nhwc is not True
         z, bsaved = _bn_fwd_train(h, y, bn_w, bn_b, running_mean, running_var, factor, eps, bn)
         ctx.save_for_backward(*csaved, *bsaved)
-        ctx.rec, ctx.bn, ctx.eps, ctx.affine = rec, bn, eps, bn_w is not None
-        ctx.w_dt, ctx.b_dt = w.dtype, None if b is None else b.dtype
         return z
 
     @staticmethod
@@ -1106,11 +1214,29 @@ class ConvBatchNormFunction(torch.autograd.Function):
         rec = ctx.rec
         h = C.handle_for(dz.device)
         n = ctx.needs_input_grad
-        lb = (_lean_bwd_plan(h, rec, ctx.bn, saved[3], saved[0], saved[1], tuple(n[:3]), ctx.w_dt, ctx.b_dt)
-              if ctx.lean and tuning.torch.BLOCK_LEAN and dz.stride() == ctx.bn.pool.y_stride else False)
-        if lb:
-            dx, dw, db, dbn_w, dbn_b = _block_bwd_lean(ctx, h, dz, lb, saved)
+        lb = False
+        arena = ctx.lean == 2
+        if ctx.lean and tuning.torch.BLOCK_LEAN and dz.stride() == ctx.bn.pool.y_stride:
+            need = tuple(n[:3])
+            lb = ctx.bn.lean.get((h, need, ctx.w_dt, ctx.b_dt))
+            if lb is None:  # (made once; a BLOCK_ARENA forward's tensors as views for it)
+                full = _arena_saved(ctx, saved) if arena else saved
+                lb = _lean_bwd_plan(h, rec, ctx.bn, full[3], full[0], full[1], need, ctx.w_dt, ctx.b_dt)
+        if lb and arena:
+            xt, wt, a, bw, bb, z = saved
+            ap = a.data_ptr()
+            lf = rec.lean
+            p = (ap + lf.o_xc if xt is None else xt.data_ptr(), ap + lf.o_wc if wt is None else wt.data_ptr(),
+                 ap + lf.o_y, ap + lf.o_buf, ap + lf.o_yb, z.data_ptr(), bw, bb, xt, wt)
+            dx, dw, db, dbn_w, dbn_b = _block_bwd_lean(ctx, h, dz, lb, p)
+        elif lb:
+            xc, wc, _, x, bw, bb, buf, y, z = saved
+            p = (xc.data_ptr(), wc.data_ptr(), x.data_ptr(), buf.data_ptr(), y.data_ptr(), z.data_ptr(), bw, bb, xc,
+                 wc)
+            dx, dw, db, dbn_w, dbn_b = _block_bwd_lean(ctx, h, dz, lb, p)
         else:
+            if arena:  # (the general path on the arena's tensors as views)
+                saved = _arena_saved(ctx, saved)
             dy, dbn_w, dbn_b = _bn_bwd_train(h, ctx.bn, saved[3:], ctx.eps, dz)
             if ctx.nhwc == 2:  # BLOCK_NHWC: dy is the NHWC output's gradient (the batch norm's input layout)
                 dx, dw, db = _block_bwd_nhwc(h, rec, ctx.y_stride, saved[0], saved[1], dy, n[0], n[1],

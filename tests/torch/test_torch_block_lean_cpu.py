@@ -27,7 +27,7 @@ BRIDGE = os.sep + os.path.join("pydnn", "torch") + os.sep
 _ALLOC = ("empty", "empty_like", "empty_strided")
 
 
-def _run(lean, steps=3, grad_x=False, nhwc=True, linear=False):
+def _run(lean, steps=3, grad_x=False, nhwc=True, linear=False, arena=True):
     """steps training steps of the converted model; per step (output, gradients, buffers, pydnn calls, the bridge's
     torch casts, the bridge's torch allocations, lean backward calls)."""
     torch.manual_seed(7)
@@ -40,7 +40,8 @@ def _run(lean, steps=3, grad_x=False, nhwc=True, linear=False):
     real_to = torch.Tensor.to
     reals = {n: getattr(torch, n) for n in _ALLOC}
     lean_bwd = PF._block_bwd_lean
-    with tuning.override({"torch.BLOCK_LEAN": lean, "torch.BLOCK_NHWC": nhwc, "torch.LINEAR_LEAN": linear}):
+    with tuning.override({"torch.BLOCK_LEAN": lean, "torch.BLOCK_NHWC": nhwc, "torch.LINEAR_LEAN": linear,
+                          "torch.BLOCK_ARENA": arena}):
         for _ in range(steps):
             m.zero_grad(set_to_none=True)
             x = torch.randn(2, 3, 4, 4, generator=gen, requires_grad=grad_x)
@@ -111,8 +112,8 @@ def test_lean_block_bf16_same_values_no_casts(emulated, monkeypatch, nhwc):
     # left: the input's autocast cast (conv_batch_norm), the Linear's weight / bias casts and its gradients'
     # (BLOCK_NHWC off: the second block's weight, bias and their gradients cast by Tensor.to in both runs: 4)
     assert n_on["to"] == (5 if nhwc else 9) and n_off["to"] == (11 if nhwc else 13), (n_on, n_off)
-    if nhwc:  # (a Tensor.to allocates its output too)
-        assert n_off["alloc"] + n_off["to"] - (n_on["alloc"] + n_on["to"]) == 9, (n_on, n_off)
+    if nhwc:  # (a Tensor.to allocates its output too; BLOCK_ARENA, on: 7 allocations fewer, see test_block_arena_*)
+        assert n_off["alloc"] + n_off["to"] - (n_on["alloc"] + n_on["to"]) == 9 + 7, (n_on, n_off)
     # the same compute calls in the same order, casts aside (the transforms are the lean path's casts)
     def compute(cs):
         return [c for c in cs if c != "transform" and not c.startswith(("get_", "find_", "validated:"))]
@@ -175,3 +176,83 @@ def test_lean_off_under_strided_dz(emulated, monkeypatch):
         g = torch.randn(out.shape[::-1]).permute(3, 2, 1, 0)  # same shape, other strides
         no_fallback(lambda: out.backward(g))
     assert not calls
+
+
+@pytest.mark.parametrize("nhwc", [True, False])
+def test_block_arena_same_values(emulated, monkeypatch, nhwc):
+    """tuning.torch.BLOCK_ARENA (bf16 autocast): the lean blocks' forward tensors that only their backward reads in
+    one allocation each: the values without it, the same pydnn calls, both blocks' backward on the lean path, 7
+    torch allocations fewer a step (the second block's NHWC copies of x and of the filter, the first block's 16-bit
+    filter, both convolution outputs, both batch-norm outputs and buffers: 9, less the two arenas; BLOCK_NHWC off:
+    the second block takes the general path, the first block 3 allocations fewer: 4 in its arena)."""
+    monkeypatch.setattr(C, "autocast_dtype", lambda: torch.bfloat16)
+    on = _run(True, nhwc=nhwc)
+    off = _run(True, nhwc=nhwc, arena=False)
+    _same(on, off)
+    n_on, n_off = on[-1][4], off[-1][4]
+    assert n_on["lean"] == n_off["lean"] == (2 if nhwc else 1), (n_on, n_off)
+    assert n_on["to"] == n_off["to"] and n_off["alloc"] - n_on["alloc"] == (7 if nhwc else 3), (n_on, n_off)
+    assert on[-1][3] == off[-1][3]
+
+
+def test_block_arena_float32_input_gradient(emulated):
+    """float32 (no casts: the first block's filter read as it is, not copied into the arena), an input gradient
+    included: the values without the arena."""
+    on = _run(True, grad_x=True)
+    off = _run(True, grad_x=True, arena=False)
+    _same(on, off)
+    assert on[-1][4]["lean"] == 2 and on[-1][4]["alloc"] < off[-1][4]["alloc"]
+
+
+def test_block_arena_layout(emulated, monkeypatch):
+    """Each lean block's arena: its parts 256-byte aligned, in order, not overlapping, sized for their tensors."""
+    monkeypatch.setattr(C, "autocast_dtype", lambda: torch.bfloat16)
+    _run(True, steps=1)
+    recs = [rec for rec in PF._recs.values() if rec and isinstance(rec, PF._BlockRec) and rec.lean is not None]
+    assert len(recs) == 2 and sorted(r.nhwc for r in recs) == [False, True]
+    for rec in recs:
+        lf, es = rec.lean, 2
+        n = 1
+        for d in (rec.conv.pl.nhwc if rec.nhwc else rec.conv.pl).y_shape:
+            n *= d
+        xn = wn = 1
+        for d in lf.x_shape:
+            xn *= d
+        for d in lf.w_shape:
+            wn *= d
+        parts = [(lf.o_xc, xn * es), (lf.o_wc, wn * es), (lf.o_y, n * es), (lf.o_yb, n * es), (lf.o_buf, rec.bn.nbuf)]
+        parts = [(o, sz) for o, sz in parts if o >= 0]
+        assert len(parts) == (5 if rec.nhwc else 4)  # (the first block's x is read as it is; its filter is cast)
+        end = 0
+        for o, sz in parts:
+            assert o % 256 == 0 and o >= end, (o, end)
+            end = o + sz
+        assert end <= lf.arena
+
+
+def test_block_arena_general_backward_same_values(emulated, monkeypatch):
+    """A gradient in other strides than the block's output takes the general backward, on views of the arena: the
+    values of the general path without it."""
+    monkeypatch.setattr(C, "autocast_dtype", lambda: torch.bfloat16)
+    res = []
+    for arena in (True, False):
+        torch.manual_seed(1)
+        m = _model()[:4]
+        pt.convert(m, fuse=True)
+        gen = torch.Generator().manual_seed(5)
+        calls = []
+        real = PF._block_bwd_lean
+        monkeypatch.setattr(PF, "_block_bwd_lean", lambda *a: calls.append(1) or real(*a))
+        outs = []
+        with tuning.override({"torch.BLOCK_ARENA": arena}):
+            for _ in range(2):
+                m.zero_grad(set_to_none=True)
+                x = torch.randn(2, 3, 4, 4, generator=gen)
+                out = no_fallback(lambda: m(x))
+                g = torch.randn(out.shape[::-1], generator=gen).permute(3, 2, 1, 0)  # same shape, other strides
+                no_fallback(lambda: out.backward(g))
+                outs.append((out.detach().clone(), {k: p.grad.clone() for k, p in m.named_parameters()},
+                             {k: b.clone() for k, b in m.named_buffers()}, [], {}, None))
+        assert not calls
+        res.append(outs)
+    _same(*res)

@@ -57,15 +57,17 @@ def _step(model, x, y, autocast, switches, count):
     return out
 
 
-# (switches on, switches off, lean block backwards a step on / off): BLOCK_LEAN alone, and LINEAR_LEAN alone (the
-# blocks lean in both runs)
+# (switches on, switches off, lean block backwards a step on / off): BLOCK_LEAN alone (with BLOCK_ARENA, its
+# default), BLOCK_ARENA alone (the blocks lean in both runs) and LINEAR_LEAN alone (the blocks lean in both runs)
 _CASES = {"block": ({"torch.BLOCK_LEAN": True, "torch.LINEAR_LEAN": False},
                     {"torch.BLOCK_LEAN": False, "torch.LINEAR_LEAN": False}, (2, 0)),
+          "arena": ({"torch.BLOCK_LEAN": True, "torch.BLOCK_ARENA": True, "torch.LINEAR_LEAN": False},
+                    {"torch.BLOCK_LEAN": True, "torch.BLOCK_ARENA": False, "torch.LINEAR_LEAN": False}, (2, 2)),
           "linear": ({"torch.BLOCK_LEAN": True, "torch.LINEAR_LEAN": True},
                      {"torch.BLOCK_LEAN": True, "torch.LINEAR_LEAN": False}, (2, 2))}
 
 
-@pytest.mark.parametrize("case", ["block", "linear"])
+@pytest.mark.parametrize("case", ["block", "arena", "linear"])
 @pytest.mark.parametrize("autocast", [True, False], ids=["bf16_autocast", "float32"])
 def test_lean_blocks_equal_the_general_path(autocast, case):
     """3 steps (the demo's 3x32x32 digits shape; batch 32 in bf16, 8 in float32 as test_torch_fuse_block_gpu's
@@ -73,7 +75,8 @@ def test_lean_blocks_equal_the_general_path(autocast, case):
     general path too, mid-session run of session 32, over the 1e-3 allowed): logits, every parameter gradient
     (float32) and the running statistics of the lean path equal the general path's; in float32 both within the
     summed-product tolerance of PyTorch's float64 modules. case 'linear': LINEAR_LEAN on against off (its casts
-    and bias add exist under autocast only: in float32 both runs take Tensor's path)."""
+    and bias add exist under autocast only: in float32 both runs take Tensor's path); case 'arena': BLOCK_ARENA on
+    against off (the arena comes from the poisoned allocator)."""
     (lean, gen_), ref = _models()
     if not autocast:
         ref.double()
