@@ -527,6 +527,14 @@ matmul = Switches(
                     'thread a tile); +16 KiB of shared memory (218 KiB a block with the staged bias). H200 timeline: the '
                     'bias + GELU epilogue 7.88 -> 7.13 kc a tile (16384x4096x4096), 7.90 -> 7.14 (16384x11008x4096); the '
                     'plain kernel gains the same way (gemm_tma_ps, a candidate: 3.11 -> 2.43 kc) but is not switched yet'),
+    EPI_WIDEN=(False, 'sm_90, a fused (graph) GEMM on gemm_tma\'s cooperative 256-column tile with staged 16-bit column '
+                      'operands (a bias; FUSED_STAGE): held as float in the staged buffer (+512 bytes a consumer warp), '
+                      'widened once a tile while the last K tile\'s wgmmas run, so the epilogue reads float pairs '
+                      '(bfloat16 bias: 64 fewer instructions a thread a tile); a candidate (session 32, gemm2)'),
+    EPI_CHUNK=(False, 'sm_90, a fused (graph) GEMM on gemm_tma\'s cooperative tile with EPI_STSM and staged column '
+                      'operands: the interior tile\'s epilogue computes and stores 64 columns at a time (a chunk\'s '
+                      'stmatrix / shared load / global store chain beside the next chunk\'s math, not 4 chains after '
+                      'all of it); a candidate (session 32, gemm2)'),
     FUSED_STAGE=(True, 'sm_90, a fused (graph) GEMM on gemm_tma (cooperative tile, no row reduction, every input a '
                        'column operand): its column operands (a bias) are copied into shared memory by cp.async at '
                        'the start of each tile (hidden by the K loop) and read from there in the epilogue, instead of '

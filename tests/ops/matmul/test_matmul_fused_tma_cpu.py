@@ -412,6 +412,10 @@ def test_stage_plan():
     assert cg.stage_plan(prog(["bf16"]), ["B"], 256) == ([], 0)
     assert cg.stage_smem(512) == 8 * 512 + 128 and cg.stage_smem(0) == 0
     assert M.TMA_TILE.smem + cg.stage_smem(cg.STAGE_MAX_BYTES) <= 227 * 1024
+    # widen (tuning.matmul.EPI_WIDEN): 16-bit operands take 4 bytes an element; where that passes the limit, none
+    assert cg.stage_plan(prog(["bf16"]), ["C"], 256, True) == ([(0, 0, 4)], 1024)
+    assert cg.stage_plan(prog(["f32"]), ["C"], 256, True) == ([(0, 0, 4)], 1024)
+    assert cg.stage_plan(prog(["bf16", "f16"]), ["C", "C"], 256, True) == ([], 0)
     with pytest.raises(ValueError, match="staged"):
         cg.matmul_source(prog(["bf16"]), ("v", 0), "bf16", M.TMA_PP_TILE, M.TC_GENERAL, False, False, access=["C"],
                          stage_bn=128)
@@ -753,3 +757,53 @@ def test_stsm_gelu_ex2_kernel_sass():
     region = Counter(ops[start:wide[15] + 1])
     assert region["MUFU.EX2"] == 128 and region["MUFU.RCP"] == 0, region
     assert region["LDS.128"] == 16 and region["STG.E.128"] == 16 and region["LDS"] == 32, region
+
+
+@pytest.mark.parametrize("widen, chunk", [(True, False), (False, True), (True, True), (False, False)])
+@pytest.mark.parametrize("kind", ["gelu", "residual"])
+def test_widen_chunk_plan_and_smem(sm90, monkeypatch, kind, widen, chunk):
+    """tuning.matmul.EPI_WIDEN / EPI_CHUNK (with EPI_STSM and staging): the staged bias (gelu) is held as float (1
+    KiB a warp: the launch 8 x 512 bytes more) and widened once a tile (kWiden, widen()); the epilogue chunked
+    (kChunk); a graph with nothing staged (bias + residual) gets neither and keeps its shared memory."""
+    h, buf, drv, enc, units = sm90
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
+    monkeypatch.setattr(tuning.matmul, "EPI_STSM", True)
+    monkeypatch.setattr(tuning.matmul, "EPI_WIDEN", widen)
+    monkeypatch.setattr(tuning.matmul, "EPI_CHUNK", chunk)
+    g, step = _graph(h, kind, 2048, 2048, 512)
+    text = cache.unit_inputs(units[-1])[0]
+    staged = kind == "gelu"
+    assert ("kWiden = true" in text) == (widen and staged) and ("kChunk = true" in text) == (chunk and staged)
+    assert ("lds2<float>" in text) == (widen and staged)
+    sb = (1024 if widen else 512) if staged else 0
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + cg.stsm_smem(sb)
+    assert step.recs[0][0].smem <= 227 * 1024
+
+
+def test_widen_chunk_kernel_sass():
+    """ptxas (sm_90a) on the fused bias + GELU kernel with EPI_WIDEN and EPI_CHUNK (gelu_ex2, stmatrix, staged):
+    no spill in the fast kernel, 168 registers; SASS where cuobjdump exists: the widening's 2 STS.128 before the
+    last wgmma wait (WARPGROUP.DEPBAR.LE gsb0, 0x0), and the epilogue's bias reads 32 LDS.64 with no 16-bit LDS;
+    the first STSM before the last MUFU (chunked: stores begin while values remain to be computed)."""
+    from pydnn import tuning as T
+
+    keep = T.graph.EPI_GELU_EX2
+    T.graph.EPI_GELU_EX2 = True
+    try:
+        prog, final, access, _ = _programs()["gelu"]
+        name, text = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access,
+                                      stage_bn=256, stsm=True, widen=True, chunk=True)
+    finally:
+        T.graph.EPI_GELU_EX2 = keep
+    assert "kWiden = true" in text and "kChunk = true" in text
+    log, lines, ops = _fast_kernel_ops(name, text)
+    if ops is None:
+        return
+    assert not any(o.startswith(("LDL", "STL")) for o in ops)
+    last_wait = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in ln][0]
+    sts = [i for i, o in enumerate(ops) if o == "STS.128"]
+    assert len(sts) == 2 and sts[-1] < last_wait
+    assert Counter(ops)["LDS.64"] == 32 and Counter(ops)["LDS"] == 0
+    stsm = [i for i, o in enumerate(ops) if o.startswith("STSM")]
+    mufu = [i for i, o in enumerate(ops) if o == "MUFU.EX2"]
+    assert len(stsm) == 16 and len(mufu) == 128 and stsm[0] < mufu[-1]
