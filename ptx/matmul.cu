@@ -187,10 +187,10 @@ template <class E> struct StsmOf<E, decltype((void)E::kStsm, void())> {
 // tile computes and stores 64 columns at a time, so a chunk's store latency overlaps the next chunk's math), else
 // false.
 template <class E, class = void> struct ChunkOf {
-  static constexpr bool value = false;
+  static constexpr int value = 0;
 };
 template <class E> struct ChunkOf<E, decltype((void)E::kChunk, void())> {
-  static constexpr bool value = E::kChunk;
+  static constexpr int value = E::kChunk;  // the chunk's columns: 64 or 32
 };
 template <class E, class = void> struct WidenOf {
   static constexpr bool value = false;
@@ -761,6 +761,42 @@ __device__ __forceinline__ void stsm_store_chunk(T* cwarp, long long ldc, const 
     __syncwarp();  // every lane's reads done before the next chunk's stmatrix
   }
 }
+// stsm_store_chunk32: a 32-column chunk ch (Epi::kChunk 32): its 16 x 32 values through the first KiB of the
+// buffer, 64 bytes a row, 16-byte chunk c of row r at r * 64 + ((c ^ ((r >> 1) & 3)) << 4) (stmatrix's 8 rows
+// of one logical chunk fall in 8 distinct 16-byte bank groups; a read-back phase of 8 lanes is 2 whole rows):
+// 2 stmatrix.x4, then 2 rounds of a 16-byte shared load and global store a lane (4 lanes a row, 8 rows a round).
+template <class T, int BN>
+__device__ __forceinline__ void stsm_store_chunk32(T* cwarp, long long ldc, const float (&acc)[BN / 2], unsigned sbuf,
+                                                   int ch) {
+  static_assert(sizeof(T) == 2 && BN % 32 == 0, "stsm_store_chunk32: 16-bit values, 32-column chunks");
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+  const int srow = (lane & 7) + 8 * (mi & 1);
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int j = 4 * ch + 2 * q;
+    const unsigned r0 = pack16x2<T>(acc[4 * j], acc[4 * j + 1]);
+    const unsigned r1 = pack16x2<T>(acc[4 * j + 2], acc[4 * j + 3]);
+    const unsigned r2 = pack16x2<T>(acc[4 * j + 4], acc[4 * j + 5]);
+    const unsigned r3 = pack16x2<T>(acc[4 * j + 6], acc[4 * j + 7]);
+    const unsigned c = (unsigned)(2 * q + (mi >> 1));
+    const unsigned a = sbuf + (unsigned)srow * 64u + ((c ^ (unsigned)((srow >> 1) & 3)) << 4);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+  }
+  __syncwarp();
+#pragma unroll
+  for (int it = 0; it < 2; ++it) {
+    const int r = (lane >> 2) + 8 * it, c = lane & 3;
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(sbuf + (unsigned)r * 64u + ((unsigned)(c ^ ((r >> 1) & 3)) << 4))
+                 : "memory");
+    *reinterpret_cast<uint4*>(cwarp + (long long)r * ldc + 32 * ch + 8 * c) = v;
+  }
+  __syncwarp();
+}
 template <class T, int BN>
 __device__ __forceinline__ void stsm_store_tile(T* cwarp, long long ldc, const float (&acc)[BN / 2], unsigned sbuf,
                                                 float scale = 1.0f) {
@@ -859,10 +895,12 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
         if (FAST && STG && ss && (p.flags & PYDNN_MATMUL_FLAG_C16)) {
           const typename Epi::Row r0 = epi.row(z, row_of(0)), r1 = epi.row(z, row_of(1));
           T* cw = C + (long long)(m0 + wg * 64 + warp * 16) * p.ldc + n0;
+          constexpr int CW = ChunkOf<Epi>::value;
+          static_assert(CW == 64 || CW == 32, "Epi::kChunk: 64 or 32 columns");
 #pragma unroll
-          for (int ch = 0; ch < BN / 64; ++ch) {
+          for (int ch = 0; ch < BN / CW; ++ch) {
 #pragma unroll
-            for (int j = 8 * ch; j < 8 * ch + 8; ++j) {
+            for (int j = ch * (CW / 8); j < (ch + 1) * (CW / 8); ++j) {
               const int col = n0 + j * 8 + (lane & 3) * 2;
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
@@ -873,7 +911,11 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
                 epi.template pair<true, true>(h ? r1 : r0, v0, v1, col, true, sb);
               }
             }
-            stsm_store_chunk<T, BN>(cw, p.ldc, acc, ss, ch);
+            if constexpr (CW == 64) {
+              stsm_store_chunk<T, BN>(cw, p.ldc, acc, ss, ch);
+            } else {
+              stsm_store_chunk32<T, BN>(cw, p.ldc, acc, ss, ch);
+            }
           }
           return;
         }

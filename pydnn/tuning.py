@@ -534,7 +534,7 @@ matmul = Switches(
     EPI_CHUNK=(False, 'sm_90, a fused (graph) GEMM on gemm_tma\'s cooperative tile with EPI_STSM and staged column '
                       'operands: the interior tile\'s epilogue computes and stores 64 columns at a time (a chunk\'s '
                       'stmatrix / shared load / global store chain beside the next chunk\'s math, not 4 chains after '
-                      'all of it); a candidate (session 32, gemm2)'),
+                      'all of it); 32: 32 columns at a time (stsm_store_chunk32); a candidate (session 32, gemm2)'),
     FUSED_STAGE=(True, 'sm_90, a fused (graph) GEMM on gemm_tma (cooperative tile, no row reduction, every input a '
                        'column operand): its column operands (a bias) are copied into shared memory by cp.async at '
                        'the start of each tile (hidden by the K loop) and read from there in the epilogue, instead of '

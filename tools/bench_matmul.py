@@ -729,10 +729,11 @@ class _TmaTile:
 
 def _form(kind):
     """(ex2, stsm, widen) of a session-32 GELU kind: "gelu5" (gelu_fast5), "gelu1" (gelu_ex2), then "s" (EPI_STSM
-    on; off without), then "w" (EPI_WIDEN on), then "c" (EPI_CHUNK on): e.g. "gelu1swc"; None for any other
-    kind."""
-    m = re.fullmatch(r"gelu([15])(s?)(w?)(c?)", kind)
-    return None if m is None else (m.group(1) == "1", m.group(2) == "s", m.group(3) == "w", m.group(4) == "c")
+    on; off without), then "w" (EPI_WIDEN on), then "c" / "c32" (EPI_CHUNK 64 / 32 columns): e.g. "gelu1swc";
+    None for any other kind."""
+    m = re.fullmatch(r"gelu([15])(s?)(w?)(c32|c)?", kind)
+    return None if m is None else (m.group(1) == "1", m.group(2) == "s", m.group(3) == "w",
+                                   {"c": 64, "c32": 32}.get(m.group(4), 0))
 
 
 def _base(kind):

@@ -622,8 +622,10 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, 
     nl = "\n"
     # gemm_tma's WIDE store through stmatrix (tuning.matmul.EPI_STSM; ptx/matmul.cu stsm_store_tile); absent: false
     stsm_line = "  static constexpr bool kStsm = true;  // the WIDE store through stmatrix (stsm_store_tile)\n" if stsm else ""
-    if stsm and chunk:  # tuning.matmul.EPI_CHUNK: compute and store 64 columns at a time (ptx/matmul.cu ChunkOf)
-        stsm_line += "  static constexpr bool kChunk = true;  // values and stores chunk by chunk\n"
+    if stsm and chunk:  # tuning.matmul.EPI_CHUNK: compute and store 64 (or 32) columns at a time (matmul.cu ChunkOf)
+        if int(chunk) not in (1, 32, 64):
+            raise ValueError(f"chunk {chunk!r}: 64 or 32 columns")
+        stsm_line += f"  static constexpr int kChunk = {32 if int(chunk) == 32 else 64};  // values and stores chunk by chunk\n"
     if staged:
         def base(k):
             return f"static_cast<const {CTYPE[ops[k][0]]}*>(e.ptr[{k}]) + z * e.stride[{k}][0] + n0"

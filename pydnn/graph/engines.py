@@ -530,7 +530,8 @@ class FusedMatmulStep:
             fast_rec.smem += cg.stsm_smem(cg.stage_plan(an["prog"], access, fast.bn, widen)[1] if stage_bn else 0)
         self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
                                            plan.trans_a, plan.trans_b, access, red, self.store_c, stage_bn, stsm,
-                                           widen and stage_bn > 0, tuning.matmul.EPI_CHUNK and stsm and stage_bn > 0)
+                                           widen and stage_bn > 0,
+                                           tuning.matmul.EPI_CHUNK if stsm and stage_bn > 0 else 0)
         _compile(handle, self.unit)
         self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
         self.eops = tuple(an["eops"])

@@ -759,7 +759,7 @@ def test_stsm_gelu_ex2_kernel_sass():
     assert region["LDS.128"] == 16 and region["STG.E.128"] == 16 and region["LDS"] == 32, region
 
 
-@pytest.mark.parametrize("widen, chunk", [(True, False), (False, True), (True, True), (False, False)])
+@pytest.mark.parametrize("widen, chunk", [(True, False), (False, True), (True, True), (False, False), (True, 32)])
 @pytest.mark.parametrize("kind", ["gelu", "residual"])
 def test_widen_chunk_plan_and_smem(sm90, monkeypatch, kind, widen, chunk):
     """tuning.matmul.EPI_WIDEN / EPI_CHUNK (with EPI_STSM and staging): the staged bias (gelu) is held as float (1
@@ -773,7 +773,8 @@ def test_widen_chunk_plan_and_smem(sm90, monkeypatch, kind, widen, chunk):
     g, step = _graph(h, kind, 2048, 2048, 512)
     text = cache.unit_inputs(units[-1])[0]
     staged = kind == "gelu"
-    assert ("kWiden = true" in text) == (widen and staged) and ("kChunk = true" in text) == (chunk and staged)
+    assert ("kWiden = true" in text) == (widen and staged) and ("kChunk = " in text) == bool(chunk and staged)
+    assert ("kChunk = 32" in text) == (chunk == 32 and staged)
     assert ("lds2<float>" in text) == (widen and staged)
     sb = (1024 if widen else 512) if staged else 0
     assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + cg.stsm_smem(sb)
@@ -795,7 +796,7 @@ def test_widen_chunk_kernel_sass():
                                       stage_bn=256, stsm=True, widen=True, chunk=True)
     finally:
         T.graph.EPI_GELU_EX2 = keep
-    assert "kWiden = true" in text and "kChunk = true" in text
+    assert "kWiden = true" in text and "kChunk = 64" in text
     log, lines, ops = _fast_kernel_ops(name, text)
     if ops is None:
         return

@@ -290,12 +290,13 @@ def test_fused_tma_stsm_residual(handle, rng, monkeypatch):
 
 # ------------------------------------------------------------- widened staged bias, chunked epilogue (gemm2)
 
-@pytest.mark.parametrize("widen, chunk", [(True, False), (False, True), (True, True)], ids=["widen", "chunk", "both"])
+@pytest.mark.parametrize("widen, chunk", [(True, False), (False, True), (True, True), (True, 32)],
+                         ids=["widen", "chunk", "both", "both32"])
 @pytest.mark.parametrize("io", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("m, n, k, batch, tb, sms", GELU_CASES, ids=["interior", "edges_batched", "nt_pairs"])
 def test_fused_tma_widen_chunk(handle, rng, monkeypatch, widen, chunk, io, m, n, k, batch, tb, sms):
     """tuning.matmul.EPI_WIDEN (the staged 16-bit bias held as float, widened while the last K tile's wgmmas run)
-    and tuning.matmul.EPI_CHUNK (the interior tile computed and stored 64 columns at a time), with EPI_STSM and
+    and tuning.matmul.EPI_CHUNK (the interior tile computed and stored 64, or 32, columns at a time), with EPI_STSM and
     the staged bias: the same tolerance as every fused GELU; the unit has kWiden / kChunk as asked and the launch
     the widened buffer's shared memory (a 256-column tile: 1 KiB a warp)."""
     from pydnn import tuning
@@ -308,7 +309,8 @@ def test_fused_tma_widen_chunk(handle, rng, monkeypatch, widen, chunk, io, m, n,
     monkeypatch.setattr(tuning.matmul, "EPI_CHUNK", chunk)
     step = _run(handle, rng, monkeypatch, io, "gelu", m, n, k, batch, tb, sms)
     text = cache.unit_inputs(step.unit)[0]
-    assert ("kWiden = true" in text) == widen and ("kChunk = true" in text) == chunk
+    assert ("kWiden = true" in text) == widen and ("kChunk = 32" in text) == (chunk == 32)
+    assert ("kChunk = 64" in text) == (chunk is True)
     sb = cg.stage_plan(_graph_prog_for_smem(), ["C"], 256, widen)[1]
     assert sb == (1024 if widen else 512)
     assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + cg.stsm_smem(sb)
