@@ -169,7 +169,8 @@ template <class T> __device__ __forceinline__ void sts_widen(unsigned s, const u
   unpack16x2<T>(w.y, f[2], f[3]);
   unpack16x2<T>(w.z, f[4], f[5]);
   unpack16x2<T>(w.w, f[6], f[7]);
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(s), "f"(f[0]), "f"(f[1]), "f"(f[2]), "f"(f[3]) : "memory");
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(s), "f"(f[0]), "f"(f[1]), "f"(f[2]), "f"(f[3])
+               : "memory");
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(s + 16u), "f"(f[4]), "f"(f[5]), "f"(f[6]), "f"(f[7])
                : "memory");
 }

@@ -511,8 +511,8 @@ STAGE_MAX_BYTES = 1024
 def stage_plan(prog, access, bn, widen=False):
     """[(operand k, byte offset, element size)] of the epilogue's staged column operands for a tile of bn
     columns, and the bytes a warp's buffer takes (widen, tuning.matmul.EPI_WIDEN: a 16-bit operand takes 4
-    bytes an element there, widened to float once a tile before the epilogue: _epi_struct's widen): every input whose access is "C" (contiguous along the
-    columns, not moving along rows: a bias), 2- or 4-byte elements; ([], 0) where none, where they would
+    bytes an element there, widened to float once a tile before the epilogue: _epi_struct's widen): every
+    input whose access is "C" (contiguous along the columns, not moving along rows: a bias), 2- or 4-byte elements; ([], 0) where none, where they would
     pass STAGE_MAX_BYTES, or where another input moves along the rows (its loads stay in the epilogue; beside
     them the staged bias + residual kernel spilled, ptxas sm_90a: 4 bytes)."""
     out, off = [], 0
@@ -625,7 +625,8 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, 
     if stsm and chunk:  # tuning.matmul.EPI_CHUNK: compute and store 64 (or 32) columns at a time (matmul.cu ChunkOf)
         if int(chunk) not in (1, 32, 64):
             raise ValueError(f"chunk {chunk!r}: 64 or 32 columns")
-        stsm_line += f"  static constexpr int kChunk = {32 if int(chunk) == 32 else 64};  // values and stores chunk by chunk\n"
+        cw = 32 if int(chunk) == 32 else 64
+        stsm_line += f"  static constexpr int kChunk = {cw};  // values and stores chunk by chunk\n"
     if staged:
         def base(k):
             return f"static_cast<const {CTYPE[ops[k][0]]}*>(e.ptr[{k}]) + z * e.stride[{k}][0] + n0"
