@@ -77,6 +77,11 @@ def _graph(h, kind, m, n, k, tb=False, batch=1):
     return g, g._plan_obj.built.steps[0]
 
 
+def _staged_bytes():
+    """A consumer warp's staged bias (256 bf16 columns): 512 bytes, 1 KiB widened to float (EPI_WIDEN)."""
+    return 1024 if tuning.matmul.EPI_WIDEN else 512
+
+
 def _stsm(kind, sb):
     """The shared memory tuning.matmul.EPI_STSM (on) adds to a fused gemm_tma launch of `kind` (a stored C: not the
     row MAX graph) with sb staged bytes."""
@@ -103,8 +108,8 @@ def test_fused_graph_runs_on_gemm_tma(sm90, kind):
     g, step = _graph(h, kind, m, n, k)
     rec, expr, (arr, _, q, e) = step.recs[0]
     assert rec.maps is not None and isinstance(q, M.MatmulTmaParams) and expr.endswith("_f")
-    # (FUSED_STAGE, on: the bias + GELU epilogue's bias staged, 8 warp buffers of 512 bytes more)
-    sb = 512 if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
+    # (FUSED_STAGE, on: the bias + GELU epilogue's bias staged, 8 warp buffers of 512 bytes more; 1 KiB widened)
+    sb = _staged_bytes() if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
     smem = M.TMA_TILE.smem + cg.stage_smem(sb) + _stsm(kind, sb)
     assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == smem
     assert len(units) == 1 and set(units[0].exprs) == {expr, step.recs[1][1]} and units[0].archs == ("sm_90a",)
@@ -436,8 +441,8 @@ def test_fused_stage_switch(sm90, monkeypatch, kind):
     g, step = _graph(h, kind, 2048, 2048, 512)
     text = cache.unit_inputs(units[-1])[0]
     staged = kind == "gelu"
-    assert ("kStage = 512;" in text) == staged and ("kStage = 0;" in text) != staged
-    sb = 512 if staged else 0
+    sb = _staged_bytes() if staged else 0
+    assert (f"kStage = {sb};" in text) and ("kStage = 0;" in text) != staged
     assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + _stsm(kind, sb)
     before = drv.launches
     g.execute(_buffers(buf, kind, 2048, 2048, 512), buf(max(g.get_workspace_size(), 1))[0])
@@ -704,7 +709,7 @@ def test_stsm_plan_and_smem(sm90, monkeypatch, kind, stage):
     monkeypatch.setattr(tuning.graph, "EPI_GELU_EX2", True)
     g, step = _graph(h, kind, 2048, 2048, 512)
     text = cache.unit_inputs(units[-1])[0]
-    sb = 512 if kind == "gelu" and stage else 0
+    sb = _staged_bytes() if kind == "gelu" and stage else 0
     assert ("kStsm = true" in text) == (kind != "rowmax")  # the row MAX graph stores no C
     want = M.TMA_TILE.smem + cg.stage_smem(sb) + (cg.stsm_smem(sb) if "kStsm = true" in text else 0)
     assert step.recs[0][0].smem == want
