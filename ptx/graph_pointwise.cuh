@@ -160,6 +160,21 @@ template <class T> __device__ __forceinline__ void lds2(unsigned s, float& a, fl
   }
 }
 
+// A staged 16-bit chunk (8 values, w) widened to 8 floats at shared address s (32-byte aligned): a fused GEMM
+// epilogue's column operand held as float in its staged buffer (codegen's widen, tuning.matmul.EPI_WIDEN), so
+// the epilogue reads pairs of floats with no conversion (bfloat16: 2 instructions a pair, 64 a thread a tile).
+template <class T> __device__ __forceinline__ void sts_widen(unsigned s, const uint4& w) {
+  float f[8];
+  unpack16x2<T>(w.x, f[0], f[1]);
+  unpack16x2<T>(w.y, f[2], f[3]);
+  unpack16x2<T>(w.z, f[4], f[5]);
+  unpack16x2<T>(w.w, f[6], f[7]);
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(s), "f"(f[0]), "f"(f[1]), "f"(f[2]), "f"(f[3])
+               : "memory");
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(s + 16u), "f"(f[4]), "f"(f[5]), "f"(f[6]), "f"(f[7])
+               : "memory");
+}
+
 // A run of E consecutive elements as one aligned vector, to / from float (Run; `a` points at E floats of a
 // register array, indexed by constants once the callers' loops unroll); Run16 (16-bit types, E
 // even: the generator picks it) goes through 32-bit words (one shift or mask per element in, one paired conversion per two elements out) instead of a

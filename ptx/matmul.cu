@@ -181,6 +181,24 @@ template <class E> struct StsmOf<E, decltype((void)E::kStsm, void())> {
   static constexpr bool value = E::kStsm;
 };
 
+// Epi::kWiden where it has one (codegen's epilogues under tuning.matmul.EPI_WIDEN: staged 16-bit column operands
+// widened to float in their buffer once a tile, Epi::widen, before the epilogue), else false.
+// Epi::kChunk where it has one (codegen's epilogues under tuning.matmul.EPI_CHUNK: with kStsm, the FAST staged
+// tile computes and stores 64 columns at a time, so a chunk's store latency overlaps the next chunk's math), else
+// false.
+template <class E, class = void> struct ChunkOf {
+  static constexpr int value = 0;
+};
+template <class E> struct ChunkOf<E, decltype((void)E::kChunk, void())> {
+  static constexpr int value = E::kChunk;  // the chunk's columns: 64 or 32
+};
+template <class E, class = void> struct WidenOf {
+  static constexpr bool value = false;
+};
+template <class E> struct WidenOf<E, decltype((void)E::kWiden, void())> {
+  static constexpr bool value = E::kWiden;
+};
+
 // Pass 2: the final values of columns col, col + 1 stored to C (a pair store where PAIR allows).
 template <class T>
 __device__ __forceinline__ void put_pair(const MatmulParams& p, T* crow, int col, float v0, float v1) {
@@ -708,14 +726,14 @@ __device__ __forceinline__ void wide_store_row(T* crow, const float (&acc)[BN / 
 // then 4 rounds of a 16-byte shared load and a 16-byte global store a lane (8 lanes a 128-byte row, 4 rows a
 // round). wide_store_row's quad transposes take 16 SEL + 4 SHFL a 4-group round (256 SEL and 64 SHFL a thread
 // a tile, ~17% of the fused GELU epilogue's instructions); this takes 4 STSM, 4 LDS, 2 WARPSYNC a chunk.
+// stsm_store_chunk: one 64-column chunk ch of it (Epi::kChunk: the epilogue computes and stores chunk by chunk).
 template <class T, int BN>
-__device__ __forceinline__ void stsm_store_tile(T* cwarp, long long ldc, const float (&acc)[BN / 2], unsigned sbuf,
-                                                float scale = 1.0f) {
+__device__ __forceinline__ void stsm_store_chunk(T* cwarp, long long ldc, const float (&acc)[BN / 2], unsigned sbuf,
+                                                 int ch, float scale = 1.0f) {
   static_assert(sizeof(T) == 2 && BN % 64 == 0, "stsm_store_tile: 16-bit values, 64-column chunks");
   const int lane = threadIdx.x & 31, mi = lane >> 3;
   const int srow = (lane & 7) + 8 * (mi & 1);  // the row this lane addresses for stmatrix
-#pragma unroll
-  for (int ch = 0; ch < BN / 64; ++ch) {
+  {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int j = 8 * ch + 2 * q;  // column groups j, j + 1 (8 columns each)
@@ -742,6 +760,48 @@ __device__ __forceinline__ void stsm_store_tile(T* cwarp, long long ldc, const f
     }
     __syncwarp();  // every lane's reads done before the next chunk's stmatrix
   }
+}
+// stsm_store_chunk32: a 32-column chunk ch (Epi::kChunk 32): its 16 x 32 values through the first KiB of the
+// buffer, 64 bytes a row, 16-byte chunk c of row r at r * 64 + ((c ^ ((r >> 1) & 3)) << 4) (stmatrix's 8 rows
+// of one logical chunk fall in 8 distinct 16-byte bank groups; a read-back phase of 8 lanes is 2 whole rows):
+// 2 stmatrix.x4, then 2 rounds of a 16-byte shared load and global store a lane (4 lanes a row, 8 rows a round).
+template <class T, int BN>
+__device__ __forceinline__ void stsm_store_chunk32(T* cwarp, long long ldc, const float (&acc)[BN / 2], unsigned sbuf,
+                                                   int ch) {
+  static_assert(sizeof(T) == 2 && BN % 32 == 0, "stsm_store_chunk32: 16-bit values, 32-column chunks");
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+  const int srow = (lane & 7) + 8 * (mi & 1);
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int j = 4 * ch + 2 * q;
+    const unsigned r0 = pack16x2<T>(acc[4 * j], acc[4 * j + 1]);
+    const unsigned r1 = pack16x2<T>(acc[4 * j + 2], acc[4 * j + 3]);
+    const unsigned r2 = pack16x2<T>(acc[4 * j + 4], acc[4 * j + 5]);
+    const unsigned r3 = pack16x2<T>(acc[4 * j + 6], acc[4 * j + 7]);
+    const unsigned c = (unsigned)(2 * q + (mi >> 1));
+    const unsigned a = sbuf + (unsigned)srow * 64u + ((c ^ (unsigned)((srow >> 1) & 3)) << 4);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+  }
+  __syncwarp();
+#pragma unroll
+  for (int it = 0; it < 2; ++it) {
+    const int r = (lane >> 2) + 8 * it, c = lane & 3;
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(sbuf + (unsigned)r * 64u + ((unsigned)(c ^ ((r >> 1) & 3)) << 4))
+                 : "memory");
+    *reinterpret_cast<uint4*>(cwarp + (long long)r * ldc + 32 * ch + 8 * c) = v;
+  }
+  __syncwarp();
+}
+template <class T, int BN>
+__device__ __forceinline__ void stsm_store_tile(T* cwarp, long long ldc, const float (&acc)[BN / 2], unsigned sbuf,
+                                                float scale = 1.0f) {
+#pragma unroll
+  for (int ch = 0; ch < BN / 64; ++ch) stsm_store_chunk<T, BN>(cwarp, ldc, acc, sbuf, ch, scale);
 }
 
 // The plain GEMM's store (no active epilogue) of one warpgroup's 64 x BN accumulator fragment of the 128 x BN
@@ -828,6 +888,38 @@ __device__ __forceinline__ void wg_epilogue(const MatmulParams& p, const Epi& ep
     // compiles a generic lambda's call operator as a host function and refuses it; both call sites pass a
     // literal, so the inlined copies fold it as a template argument would
     auto tile = [&](const bool FAST, const bool STG) {
+      if constexpr (ChunkOf<Epi>::value && StsmOf<Epi>::value && WIDE && sizeof(T) == 2 && Epi::kStoreC &&
+                    !Epi::kRed && StageBytes<Epi>::value > 0) {
+        // kChunk: 64 columns' values, then their stmatrix store, chunk by chunk (the store's STSM -> LDS -> STG
+        // chain of one chunk beside the next chunk's math instead of 4 chains after all of it)
+        if (FAST && STG && ss && (p.flags & PYDNN_MATMUL_FLAG_C16)) {
+          const typename Epi::Row r0 = epi.row(z, row_of(0)), r1 = epi.row(z, row_of(1));
+          T* cw = C + (long long)(m0 + wg * 64 + warp * 16) * p.ldc + n0;
+          constexpr int CW = ChunkOf<Epi>::value;
+          static_assert(CW == 64 || CW == 32, "Epi::kChunk: 64 or 32 columns");
+#pragma unroll
+          for (int ch = 0; ch < BN / CW; ++ch) {
+#pragma unroll
+            for (int j = ch * (CW / 8); j < (ch + 1) * (CW / 8); ++j) {
+              const int col = n0 + j * 8 + (lane & 3) * 2;
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                float& v0 = acc[4 * j + 2 * h];
+                float& v1 = acc[4 * j + 2 * h + 1];
+                v0 *= p.alpha;
+                v1 *= p.alpha;
+                epi.template pair<true, true>(h ? r1 : r0, v0, v1, col, true, sb);
+              }
+            }
+            if constexpr (CW == 64) {
+              stsm_store_chunk<T, BN>(cw, p.ldc, acc, ss, ch);
+            } else {
+              stsm_store_chunk32<T, BN>(cw, p.ldc, acc, ss, ch);
+            }
+          }
+          return;
+        }
+      }
       // pass 1: every value (and every load of the epilogue), a column pair of both rows at a time: an
       // operand that does not move along rows (a bias) is read once for both (its two loads adjacent with
       // one address, which the compiler merges; the row-at-a-time order read it twice, ptxas sm_90a: 63 pair
@@ -1616,6 +1708,17 @@ __device__ __forceinline__ void gemm_tma_body(const MatmulTmaParams& q, const Ep
 #ifdef PYDNN_GEMM_TL
         PYDNN_TL_AT(TL_HAND);
 #endif
+        if constexpr (SB > 0 && WidenOf<Epi>::value) {
+          // while the last K tile's wgmmas run (~0.8 kc a tile with the warp idle, H200 timeline): the staged
+          // 16-bit column operands to float (cp.async complete and visible to the warp first), so the epilogue
+          // reads them with no conversion
+          if (sb) {
+            asm volatile("cp.async.wait_all;\n" ::: "memory");
+            __syncwarp();
+            epi.widen(sb, threadIdx.x & 31);
+            __syncwarp();
+          }
+        }
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
 #ifdef PYDNN_GEMM_TL

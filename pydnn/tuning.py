@@ -538,6 +538,18 @@ matmul = Switches(
                     'thread a tile); +16 KiB of shared memory (218 KiB a block with the staged bias). H200 timeline: the '
                     'bias + GELU epilogue 7.88 -> 7.13 kc a tile (16384x4096x4096), 7.90 -> 7.14 (16384x11008x4096); the '
                     'plain kernel gains the same way (gemm_tma_ps, a candidate: 3.11 -> 2.43 kc) but is not switched yet'),
+    EPI_WIDEN=(True, 'sm_90, a fused (graph) GEMM on gemm_tma\'s cooperative 256-column tile with staged 16-bit column '
+                     'operands (a bias; FUSED_STAGE): held as float in the staged buffer (+512 bytes a consumer warp), '
+                     'widened once a tile while the last K tile\'s wgmmas run, so the epilogue reads float pairs '
+                     '(bfloat16 bias: 65 fewer instructions a thread a tile, SASS). H200 timeline (session 32, gemm2): '
+                     'the bias + GELU epilogue 6.81 -> 6.53 kc a tile (16384x4096x4096), 6.83 -> 6.54 (x11008x); with '
+                     'EPI_CHUNK 6.20 / 6.18'),
+    EPI_CHUNK=(True, 'sm_90, a fused (graph) GEMM on gemm_tma\'s cooperative tile with EPI_STSM and staged column '
+                     'operands: the interior tile\'s epilogue computes and stores 64 columns at a time (a chunk\'s '
+                     'stmatrix / shared load / global store beside the next chunk\'s math, not all stores after all '
+                     'of it); 32: 32 columns at a time (stsm_store_chunk32). H200 timeline (session 32, gemm2): the '
+                     'bias + GELU epilogue 6.81 -> 6.32 kc a tile (16384x4096x4096), 6.83 -> 6.30 (x11008x); with '
+                     'EPI_WIDEN 6.20 / 6.18, the fused tile 1.048x / 1.047x the plain in cycles; 32 columns 6.65 / 6.63'),
     FUSED_STAGE=(True, 'sm_90, a fused (graph) GEMM on gemm_tma (cooperative tile, no row reduction, every input a '
                        'column operand): its column operands (a bias) are copied into shared memory by cp.async at '
                        'the start of each tile (hidden by the K loop) and read from there in the epilogue, instead of '

@@ -728,10 +728,12 @@ class _TmaTile:
 
 
 def _form(kind):
-    """(ex2, stsm) of a session-32 GELU kind: "gelu5" (gelu_fast5), "gelu1" (gelu_ex2), then "s" (EPI_STSM on; off
-    without): e.g. "gelu1s"; None for any other kind."""
-    m = re.fullmatch(r"gelu([15])(s?)", kind)
-    return None if m is None else (m.group(1) == "1", m.group(2) == "s")
+    """(ex2, stsm, widen) of a session-32 GELU kind: "gelu5" (gelu_fast5), "gelu1" (gelu_ex2), then "s" (EPI_STSM
+    on; off without), then "w" (EPI_WIDEN on), then "c" / "c32" (EPI_CHUNK 64 / 32 columns): e.g. "gelu1swc";
+    None for any other kind."""
+    m = re.fullmatch(r"gelu([15])(s?)(w?)(c32|c)?", kind)
+    return None if m is None else (m.group(1) == "1", m.group(2) == "s", m.group(3) == "w",
+                                   {"c": 64, "c32": 32}.get(m.group(4), 0))
 
 
 def _base(kind):
@@ -772,7 +774,7 @@ def _build(g, kind):
     from pydnn import tuning
 
     keep = (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE, tuning.graph.EPI_GELU_EX2,
-            tuning.matmul.EPI_STSM)
+            tuning.matmul.EPI_STSM, tuning.matmul.EPI_WIDEN, tuning.matmul.EPI_CHUNK)
     if kind.endswith(("_st", "_ns")):
         tuning.matmul.FUSED_STAGE = kind.endswith("_st")
     kind = _base(kind)
@@ -782,12 +784,13 @@ def _build(g, kind):
         tuning.graph.PW_GELU_FAST = False
     elif _form(kind) is not None:
         tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5 = True, True
-        tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM = _form(kind)
+        (tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM, tuning.matmul.EPI_WIDEN,
+         tuning.matmul.EPI_CHUNK) = _form(kind)
     try:
         g.build_operation_graph().create_execution_plans().check_support().build_plans()
     finally:
         (tuning.graph.PW_GELU_FAST, tuning.graph.PW_GELU_DEG5, tuning.matmul.FUSED_STAGE,
-         tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM) = keep
+         tuning.graph.EPI_GELU_EX2, tuning.matmul.EPI_STSM, tuning.matmul.EPI_WIDEN, tuning.matmul.EPI_CHUNK) = keep
     return g
 
 

@@ -508,10 +508,11 @@ RED = {
 STAGE_MAX_BYTES = 1024
 
 
-def stage_plan(prog, access, bn):
+def stage_plan(prog, access, bn, widen=False):
     """[(operand k, byte offset, element size)] of the epilogue's staged column operands for a tile of bn
-    columns, and the bytes a warp's buffer takes: every input whose access is "C" (contiguous along the
-    columns, not moving along rows: a bias), 2- or 4-byte elements; ([], 0) where none, where they would
+    columns, and the bytes a warp's buffer takes (widen, tuning.matmul.EPI_WIDEN: a 16-bit operand takes 4
+    bytes an element there, widened to float once a tile before the epilogue: _epi_struct's widen): every
+    input whose access is "C" (contiguous along the columns, not moving along rows: a bias), 2- or 4-byte elements; ([], 0) where none, where they would
     pass STAGE_MAX_BYTES, or where another input moves along the rows (its loads stay in the epilogue; beside
     them the staged bias + residual kernel spilled, ptxas sm_90a: 4 bytes)."""
     out, off = [], 0
@@ -522,6 +523,8 @@ def stage_plan(prog, access, bn):
             sz = {"f32": 4, "f16": 2, "bf16": 2}.get(otag)
             if sz is None:
                 return [], 0
+            if widen:
+                sz = 4
             out.append((k, off, sz))
             off += bn * sz
     if off > STAGE_MAX_BYTES:
@@ -529,7 +532,8 @@ def stage_plan(prog, access, bn):
     return out, off
 
 
-def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, stsm=False):
+def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, stsm=False, widen=False,
+                chunk=False):
     """The C++ functor of a fused matmul epilogue (ptx/matmul.cu's Epi protocol): per row, operand row
     pointers (and column-broadcast values) once; per column pair, the operands' loads (aligned pairs for
     contiguous inputs when flags bit k says so; always in the FAST instantiation, which the kernel takes
@@ -541,8 +545,13 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, 
     and the loads queue behind the next tile's TMA copies."""
     ops = prog.operands
     fields, rows, loads, pair_mask = [], [], [], 0
-    staged, stage_bytes = stage_plan(prog, access, stage_bn) if stage_bn else ([], 0)
+    staged, stage_bytes = stage_plan(prog, access, stage_bn, widen) if stage_bn else ([], 0)
     soff = {k: (off, sz) for k, off, sz in staged}
+    # widened operands: 16-bit in global memory, float in the staged buffer (copied raw into the upper half of
+    # their float region, widened in place by widen(): one lane a 16-byte chunk, stage_bn / 8 chunks)
+    wide_k = [k for k, off, sz in staged if sz == 4 and ops[k][0] != "f32"]
+    if wide_k and stage_bn != 256:
+        raise ValueError("widened staging: a 256-column tile (one 16-byte chunk a lane)")
     for k, (otag, role) in enumerate(ops):
         ct = CTYPE[otag]
         kind = access[k]
@@ -563,7 +572,7 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, 
             continue
         if kind == "c":
             pair_mask |= 1 << k
-            st = (f"    if (STAGED) lds2<{ct}>(sb + {soff[k][0]}u + (unsigned)(col & {stage_bn - 1}) * {soff[k][1]}u, "
+            st = (f"    if (STAGED) lds2<{'float' if k in wide_k else ct}>(sb + {soff[k][0]}u + (unsigned)(col & {stage_bn - 1}) * {soff[k][1]}u, "
                   f"in{k}_0, in{k}_1);\n    else ") if k in soff else "    "
             loads.append(f"    float in{k}_0, in{k}_1 = 0.0f;\n"
                          f"{st}if (FAST) ldf2(r.p{k} + col, in{k}_0, in{k}_1);\n"
@@ -613,14 +622,36 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, 
     nl = "\n"
     # gemm_tma's WIDE store through stmatrix (tuning.matmul.EPI_STSM; ptx/matmul.cu stsm_store_tile); absent: false
     stsm_line = "  static constexpr bool kStsm = true;  // the WIDE store through stmatrix (stsm_store_tile)\n" if stsm else ""
+    if stsm and chunk:  # tuning.matmul.EPI_CHUNK: compute and store 64 (or 32) columns at a time (matmul.cu ChunkOf)
+        if int(chunk) not in (1, 32, 64):
+            raise ValueError(f"chunk {chunk!r}: 64 or 32 columns")
+        cw = 32 if int(chunk) == 32 else 64
+        stsm_line += f"  static constexpr int kChunk = {cw};  // values and stores chunk by chunk\n"
     if staged:
         def base(k):
             return f"static_cast<const {CTYPE[ops[k][0]]}*>(e.ptr[{k}]) + z * e.stride[{k}][0] + n0"
         oks = " && ".join(f"(reinterpret_cast<unsigned long long>({base(k)}) & 15ull) == 0ull" for k, _, _ in staged)
+        def raw(k, off, sz):  # where the copy lands: a widened operand's raw 16-bit values in its region's upper half
+            return off + stage_bn * 2 if k in wide_k else off
         copies = nl.join(
-            f"    for (int c = lane; c < {stage_bn * sz // 16}; c += 32)\n"
-            f"      pydnn::matmul::cp_async16(s + {off}u + 16u * c, reinterpret_cast<const char*>({base(k)}) + 16 * c, 16);"
+            f"    for (int c = lane; c < {stage_bn * (2 if k in wide_k else sz) // 16}; c += 32)\n"
+            f"      pydnn::matmul::cp_async16(s + {raw(k, off, sz)}u + 16u * c, reinterpret_cast<const char*>({base(k)}) + 16 * c, 16);"
             for k, off, sz in staged)
+        wreads = nl.join(f"    uint4 w{k};\n    asm volatile(\"ld.shared.v4.b32 {{%0, %1, %2, %3}}, [%4];\" : \"=r\"(w{k}.x), "
+                         f"\"=r\"(w{k}.y), \"=r\"(w{k}.z), \"=r\"(w{k}.w) : \"r\"(s + {raw(k, off, 4)}u + 16u * lane) : \"memory\");"
+                         for k, off, sz in staged if k in wide_k)
+        wwrites = nl.join(f"    sts_widen<{CTYPE[ops[k][0]]}>(s + {off}u + 32u * lane, w{k});"
+                          for k, off, sz in staged if k in wide_k)
+        widen_fn = f"""
+  // the widened operands' raw 16-bit values to float in place (this lane's chunk: 8 values; every lane's read
+  // before any write, which lands on other lanes' raw chunks). Called once a tile after the staging copies are
+  // complete and visible to the warp (gemm_tma_body: cp.async.wait_all + __syncwarp), before the epilogue.
+  static constexpr bool kWiden = true;
+  __device__ __forceinline__ void widen(unsigned s, int lane) const {{
+{wreads}
+    __syncwarp();
+{wwrites}
+  }}""" if wide_k else ""
         stage_fns = f"""
   // the tile's column operands into a warp's buffer s (stage_ok: the tile ends inside n, 16-byte aligned starts)
   __device__ __forceinline__ bool stage_ok(long long z, int n0) const {{
@@ -628,7 +659,7 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, 
   }}
   __device__ __forceinline__ void stage(long long z, int n0, unsigned s, int lane) const {{
 {copies}
-  }}"""
+  }}{widen_fn}"""
     else:
         stage_fns = ""
     return f"""struct {sname} {{
@@ -662,7 +693,7 @@ def _epi_struct(prog, final, access, red, store_c, sname, tag=None, stage_bn=0, 
 
 
 def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0,
-                  stsm=False):
+                  stsm=False, widen=False, chunk=False):
     """(name, CUDA C) of a GEMM whose epilogue is the pointwise program `prog`: operand refs ("acc", 0) are
     the GEMM's value at (z, row, col), ("op", k) the epilogue operand k of GraphPwParams e (read at
     z * stride[k][0] + row * stride[k][1] + col * stride[k][2]); prog.stores write further outputs there;
@@ -676,7 +707,8 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
     Two kernels: <name>_f (the fast tile; gemm_tma's takes MatmulTmaParams q, maps first) and <name>_g (the
     general, unaligned path). stage_bn: gemm_tma's tile width where the column operands are staged per tile
     (_epi_struct; the launch then needs stage_smem(...) more shared memory), else 0. stsm: gemm_tma's cooperative
-    tile stores through stmatrix (the launch needs stsm_smem(...) more)."""
+    tile stores through stmatrix (the launch needs stsm_smem(...) more). widen: staged 16-bit column operands
+    held as float in the buffer (stage_plan's widen; tuning.matmul.EPI_WIDEN)."""
     ops = prog.operands
     if stage_bn and (not hasattr(fast, "cm") or fast.bn != stage_bn or fast.pp or red is not None):
         raise ValueError("staged column operands: gemm_tma's cooperative tile, no row reduction")
@@ -693,7 +725,7 @@ def matmul_source(prog, final, tag, fast, general, ta, tb, access=None, red=None
         raise ValueError(f"{len(ops)} epilogue operands")
     fb, ft, fm = _tile_body(fast, tag, ta, tb, True)
     gb, gt, gm = _tile_body(general, tag, ta, tb, False)
-    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag, stage_bn, stsm)
+    body = _epi_struct(prog, final, access, red, store_c, "EPI", tag, stage_bn, stsm, widen, chunk)
     digest = hashlib.sha256(repr((body, fb, gb, prog.key(), final)).encode()).hexdigest()[:16]
     name = f"mm_{digest}"
     body = body.replace("struct EPI {", f"struct Epi_{name} {{")
@@ -738,10 +770,11 @@ def stsm_smem(stage_bytes):
 
 
 def matmul_unit(prog, final, tag, fast, general, ta, tb, access=None, red=None, store_c=True, stage_bn=0,
-                stsm=False):
+                stsm=False, widen=False, chunk=False):
     """(KernelUnit, fast expr, general expr), registered like kernel_unit's; a wgmma fast tile makes the
     unit sm_90a only (as pydnn.ops.matmul's wgmma units)."""
-    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c, stage_bn, stsm)
+    name, text = matmul_source(prog, final, tag, fast, general, ta, tb, access, red, store_c, stage_bn, stsm, widen,
+                               chunk)
     src = f"graph/{name}.cu"
     cache.register_generated(src, text)
     fe, ge = f"pydnn::graph::{name}_f", f"pydnn::graph::{name}_g"

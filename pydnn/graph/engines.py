@@ -514,9 +514,12 @@ class FusedMatmulStep:
                 self.pair_static |= 1 << k
         red, self.store_c = an.get("red"), an.get("store_c", True)
         # gemm_tma's cooperative tile may stage the epilogue's column operands per tile (owner: gemm)
-        stage_bn = 0
+        stage_bn, widen = 0, False
         if tma is not None and tuning.matmul.FUSED_STAGE and red is None and not fast.pp:
-            sb = cg.stage_plan(an["prog"], access, fast.bn)[1]
+            # tuning.matmul.EPI_WIDEN: 16-bit column operands held as float there (where they fit: else raw)
+            widen = (tuning.matmul.EPI_WIDEN and fast.bn == 256
+                     and cg.stage_plan(an["prog"], access, fast.bn, True)[1] > 0)
+            sb = cg.stage_plan(an["prog"], access, fast.bn, widen)[1]
             if sb:
                 stage_bn = fast.bn
                 fast_rec.smem += cg.stage_smem(sb)
@@ -524,9 +527,11 @@ class FusedMatmulStep:
         stsm = (tma is not None and tuning.matmul.EPI_STSM and not fast.pp and fast.cm == 1 and tag != "f32"
                 and self.store_c)
         if stsm:
-            fast_rec.smem += cg.stsm_smem(cg.stage_plan(an["prog"], access, fast.bn)[1] if stage_bn else 0)
+            fast_rec.smem += cg.stsm_smem(cg.stage_plan(an["prog"], access, fast.bn, widen)[1] if stage_bn else 0)
         self.unit, fe, ge = cg.matmul_unit(an["prog"], an["final_ref"], tag, fast, M.TC_GENERAL,
-                                           plan.trans_a, plan.trans_b, access, red, self.store_c, stage_bn, stsm)
+                                           plan.trans_a, plan.trans_b, access, red, self.store_c, stage_bn, stsm,
+                                           widen and stage_bn > 0,
+                                           tuning.matmul.EPI_CHUNK if stsm and stage_bn > 0 else 0)
         _compile(handle, self.unit)
         self.e = cg.params([1, 1, 1], strides, [0] * len(an["eops"]))
         self.eops = tuple(an["eops"])

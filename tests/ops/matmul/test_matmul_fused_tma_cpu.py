@@ -77,6 +77,11 @@ def _graph(h, kind, m, n, k, tb=False, batch=1):
     return g, g._plan_obj.built.steps[0]
 
 
+def _staged_bytes():
+    """A consumer warp's staged bias (256 bf16 columns): 512 bytes, 1 KiB widened to float (EPI_WIDEN)."""
+    return 1024 if tuning.matmul.EPI_WIDEN else 512
+
+
 def _stsm(kind, sb):
     """The shared memory tuning.matmul.EPI_STSM (on) adds to a fused gemm_tma launch of `kind` (a stored C: not the
     row MAX graph) with sb staged bytes."""
@@ -103,8 +108,8 @@ def test_fused_graph_runs_on_gemm_tma(sm90, kind):
     g, step = _graph(h, kind, m, n, k)
     rec, expr, (arr, _, q, e) = step.recs[0]
     assert rec.maps is not None and isinstance(q, M.MatmulTmaParams) and expr.endswith("_f")
-    # (FUSED_STAGE, on: the bias + GELU epilogue's bias staged, 8 warp buffers of 512 bytes more)
-    sb = 512 if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
+    # (FUSED_STAGE, on: the bias + GELU epilogue's bias staged, 8 warp buffers of 512 bytes more; 1 KiB widened)
+    sb = _staged_bytes() if kind == "gelu" and tuning.matmul.FUSED_STAGE else 0
     smem = M.TMA_TILE.smem + cg.stage_smem(sb) + _stsm(kind, sb)
     assert rec.grid == (128, 1, 1) and rec.block == (384, 1, 1) and rec.smem == smem
     assert len(units) == 1 and set(units[0].exprs) == {expr, step.recs[1][1]} and units[0].archs == ("sm_90a",)
@@ -412,6 +417,10 @@ def test_stage_plan():
     assert cg.stage_plan(prog(["bf16"]), ["B"], 256) == ([], 0)
     assert cg.stage_smem(512) == 8 * 512 + 128 and cg.stage_smem(0) == 0
     assert M.TMA_TILE.smem + cg.stage_smem(cg.STAGE_MAX_BYTES) <= 227 * 1024
+    # widen (tuning.matmul.EPI_WIDEN): 16-bit operands take 4 bytes an element; where that passes the limit, none
+    assert cg.stage_plan(prog(["bf16"]), ["C"], 256, True) == ([(0, 0, 4)], 1024)
+    assert cg.stage_plan(prog(["f32"]), ["C"], 256, True) == ([(0, 0, 4)], 1024)
+    assert cg.stage_plan(prog(["bf16", "f16"]), ["C", "C"], 256, True) == ([], 0)
     with pytest.raises(ValueError, match="staged"):
         cg.matmul_source(prog(["bf16"]), ("v", 0), "bf16", M.TMA_PP_TILE, M.TC_GENERAL, False, False, access=["C"],
                          stage_bn=128)
@@ -432,8 +441,8 @@ def test_fused_stage_switch(sm90, monkeypatch, kind):
     g, step = _graph(h, kind, 2048, 2048, 512)
     text = cache.unit_inputs(units[-1])[0]
     staged = kind == "gelu"
-    assert ("kStage = 512;" in text) == staged and ("kStage = 0;" in text) != staged
-    sb = 512 if staged else 0
+    sb = _staged_bytes() if staged else 0
+    assert (f"kStage = {sb};" in text) and ("kStage = 0;" in text) != staged
     assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + _stsm(kind, sb)
     before = drv.launches
     g.execute(_buffers(buf, kind, 2048, 2048, 512), buf(max(g.get_workspace_size(), 1))[0])
@@ -700,7 +709,7 @@ def test_stsm_plan_and_smem(sm90, monkeypatch, kind, stage):
     monkeypatch.setattr(tuning.graph, "EPI_GELU_EX2", True)
     g, step = _graph(h, kind, 2048, 2048, 512)
     text = cache.unit_inputs(units[-1])[0]
-    sb = 512 if kind == "gelu" and stage else 0
+    sb = _staged_bytes() if kind == "gelu" and stage else 0
     assert ("kStsm = true" in text) == (kind != "rowmax")  # the row MAX graph stores no C
     want = M.TMA_TILE.smem + cg.stage_smem(sb) + (cg.stsm_smem(sb) if "kStsm = true" in text else 0)
     assert step.recs[0][0].smem == want
@@ -753,3 +762,55 @@ def test_stsm_gelu_ex2_kernel_sass():
     region = Counter(ops[start:wide[15] + 1])
     assert region["MUFU.EX2"] == 128 and region["MUFU.RCP"] == 0, region
     assert region["LDS.128"] == 16 and region["STG.E.128"] == 16 and region["LDS"] == 32, region
+
+
+@pytest.mark.parametrize("widen, chunk", [(True, False), (False, True), (True, True), (False, False), (True, 32)])
+@pytest.mark.parametrize("kind", ["gelu", "residual"])
+def test_widen_chunk_plan_and_smem(sm90, monkeypatch, kind, widen, chunk):
+    """tuning.matmul.EPI_WIDEN / EPI_CHUNK (with EPI_STSM and staging): the staged bias (gelu) is held as float (1
+    KiB a warp: the launch 8 x 512 bytes more) and widened once a tile (kWiden, widen()); the epilogue chunked
+    (kChunk); a graph with nothing staged (bias + residual) gets neither and keeps its shared memory."""
+    h, buf, drv, enc, units = sm90
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
+    monkeypatch.setattr(tuning.matmul, "EPI_STSM", True)
+    monkeypatch.setattr(tuning.matmul, "EPI_WIDEN", widen)
+    monkeypatch.setattr(tuning.matmul, "EPI_CHUNK", chunk)
+    g, step = _graph(h, kind, 2048, 2048, 512)
+    text = cache.unit_inputs(units[-1])[0]
+    staged = kind == "gelu"
+    assert ("kWiden = true" in text) == (widen and staged) and ("kChunk = " in text) == bool(chunk and staged)
+    assert ("kChunk = 32" in text) == (chunk == 32 and staged)
+    assert ("lds2<float>" in text) == (widen and staged)
+    sb = (1024 if widen else 512) if staged else 0
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + cg.stsm_smem(sb)
+    assert step.recs[0][0].smem <= 227 * 1024
+
+
+def test_widen_chunk_kernel_sass():
+    """ptxas (sm_90a) on the fused bias + GELU kernel with EPI_WIDEN and EPI_CHUNK (gelu_ex2, stmatrix, staged):
+    no spill in the fast kernel, 168 registers; SASS where cuobjdump exists: the widening's 2 STS.128 before the
+    last wgmma wait (WARPGROUP.DEPBAR.LE gsb0, 0x0), and the epilogues' bias reads LDS.64 with no 16-bit LDS;
+    the first STSM before the last MUFU (chunked: stores begin while values remain to be computed)."""
+    from pydnn import tuning as T
+
+    keep = T.graph.EPI_GELU_EX2
+    T.graph.EPI_GELU_EX2 = True
+    try:
+        prog, final, access, _ = _programs()["gelu"]
+        name, text = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access,
+                                      stage_bn=256, stsm=True, widen=True, chunk=True)
+    finally:
+        T.graph.EPI_GELU_EX2 = keep
+    assert "kWiden = true" in text and "kChunk = 64" in text
+    log, lines, ops = _fast_kernel_ops(name, text)
+    if ops is None:
+        return
+    assert not any(o.startswith(("LDL", "STL")) for o in ops)
+    last_wait = [i for i, ln in enumerate(lines) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in ln][0]
+    sts = [i for i, o in enumerate(ops) if o == "STS.128"]
+    assert len(sts) == 2 and sts[-1] < last_wait
+    # 32 a FAST epilogue copy (the chunked one and the unchunked one, taken where C is not 16-byte aligned)
+    assert Counter(ops)["LDS.64"] == 64 and Counter(ops)["LDS"] < 32  # unwidened: 32 a copy more (3 elsewhere)
+    stsm = [i for i, o in enumerate(ops) if o.startswith("STSM")]
+    mufu = [i for i, o in enumerate(ops) if o == "MUFU.EX2"]
+    assert len(stsm) == 32 and len(mufu) % 128 == 0 and stsm[0] < mufu[127]  # 2 stmatrix copies, 3 of the math

@@ -219,7 +219,7 @@ def test_fused_tma_staged_bias(handle, rng, monkeypatch, kind, m, n, k, batch, s
 
     monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
     step = _run(handle, rng, monkeypatch, BF16, kind, m, n, k, batch, False, sms)
-    sb = 256 * 2 if kind == "gelu" else 0
+    sb = 256 * (4 if tuning.matmul.EPI_WIDEN else 2) if kind == "gelu" else 0  # widened: float
     assert step.recs[0][0].smem == (M.TMA_TILE.smem + cg.stage_smem(sb) +
                                     (cg.stsm_smem(sb) if tuning.matmul.EPI_STSM else 0))
 
@@ -268,7 +268,7 @@ def test_fused_tma_gelu_ex2_stsm(handle, rng, monkeypatch, ex2, stsm, stage, m, 
     text = cache.unit_inputs(step.unit)[0]
     assert ("gelu_ex2(" in text) == ex2 and ("gelu_fast5(" in text) != ex2
     assert ("kStsm = true" in text) == stsm
-    sb = cg.stage_plan(_graph_prog_for_smem(), ["C"], 256)[1] if stage else 0
+    sb = cg.stage_plan(_graph_prog_for_smem(), ["C"], 256, tuning.matmul.EPI_WIDEN)[1] if stage else 0
     assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + (cg.stsm_smem(sb) if stsm else 0)
 
 
@@ -286,3 +286,31 @@ def test_fused_tma_stsm_residual(handle, rng, monkeypatch):
 
     monkeypatch.setattr(tuning.matmul, "EPI_STSM", True)
     _run(handle, rng, monkeypatch, BF16, "residual", 600, 712, 520, 2, False, 2)
+
+
+# ------------------------------------------------------------- widened staged bias, chunked epilogue (gemm2)
+
+@pytest.mark.parametrize("widen, chunk", [(True, False), (False, True), (True, True), (True, 32)],
+                         ids=["widen", "chunk", "both", "both32"])
+@pytest.mark.parametrize("io", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("m, n, k, batch, tb, sms", GELU_CASES, ids=["interior", "edges_batched", "nt_pairs"])
+def test_fused_tma_widen_chunk(handle, rng, monkeypatch, widen, chunk, io, m, n, k, batch, tb, sms):
+    """tuning.matmul.EPI_WIDEN (the staged 16-bit bias held as float, widened while the last K tile's wgmmas run)
+    and tuning.matmul.EPI_CHUNK (the interior tile computed and stored 64, or 32, columns at a time), with EPI_STSM and
+    the staged bias: the same tolerance as every fused GELU; the unit has kWiden / kChunk as asked and the launch
+    the widened buffer's shared memory (a 256-column tile: 1 KiB a warp)."""
+    from pydnn import tuning
+    from pydnn._build import cache
+    from pydnn.graph import codegen as cg
+
+    monkeypatch.setattr(tuning.matmul, "EPI_STSM", True)
+    monkeypatch.setattr(tuning.matmul, "FUSED_STAGE", True)
+    monkeypatch.setattr(tuning.matmul, "EPI_WIDEN", widen)
+    monkeypatch.setattr(tuning.matmul, "EPI_CHUNK", chunk)
+    step = _run(handle, rng, monkeypatch, io, "gelu", m, n, k, batch, tb, sms)
+    text = cache.unit_inputs(step.unit)[0]
+    assert ("kWiden = true" in text) == widen and ("kChunk = 32" in text) == (chunk == 32)
+    assert ("kChunk = 64" in text) == (chunk is True)
+    sb = cg.stage_plan(_graph_prog_for_smem(), ["C"], 256, widen)[1]
+    assert sb == (1024 if widen else 512)
+    assert step.recs[0][0].smem == M.TMA_TILE.smem + cg.stage_smem(sb) + cg.stsm_smem(sb)
