@@ -37,8 +37,7 @@ def typed_twins(unit):
 
 
 def _cuobjdump():
-    for c in (os.environ.get("PYDNN_CUOBJDUMP"), shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump",
-              "/tmp/gf/cuo/nvidia/cu13/bin/cuobjdump"):
+    for c in (os.environ.get("PYDNN_CUOBJDUMP"), shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"):
         if c and os.path.exists(c):
             return c
     return None

@@ -8,10 +8,7 @@ are named ones over the 256 consumer threads (bar.sync 1, 256: the producer warp
 import ctypes
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 
 import pytest
@@ -29,6 +26,7 @@ from pydnn.ops import matmul as M
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools"))
 import bench_host as B  # noqa: E402
+from sass import sass_of  # noqa: E402
 
 BF16, F32 = P.PYDNN_DATA_BFLOAT16, P.PYDNN_DATA_FLOAT
 
@@ -197,19 +195,10 @@ def _programs():
             "rowmax": (rmax, ("v", 0), ["C", "g"], dict(mode="MAX", y=1))}
 
 
-def _cuobjdump():
-    return shutil.which("cuobjdump") or next((p for p in ("/tmp/gf/cuo/nvidia/cu13/bin/cuobjdump",)
-                                              if os.path.exists(p)), None)
-
-
 def _fast_sass(cubin, fe_lowered):
-    tool = _cuobjdump()
-    if not tool:
+    sass = sass_of(cubin)
+    if sass is None:
         return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     part = [s for s in sass.split("Function : ")[1:] if s.split("\n", 1)[0].strip() == fe_lowered]
     assert len(part) == 1
     return [ln for ln in part[0].split("\n") if re.match(r"\s+/\*[0-9a-f]+\*/", ln)]
