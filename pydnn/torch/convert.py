@@ -156,13 +156,12 @@ def _fuse_mlps(model, report):
 
 
 def _chain_sequentials(model, report):
-    """Every nn.Sequential (exact type) whose children make a chain (pydnn.torch.functional.chain_stages: fused
+    """Every nn.Sequential (exact type) whose children make a chain (pydnn.torch.modules.chain_stages: fused
     conv + batch norm blocks, Flatten, Linear) becomes pydnn.torch.modules.Sequential in place (its class only:
     children, parameters and state_dict keys unchanged); its training forward then runs the stages as one
     autograd node under tuning.torch.FUSE_CHAIN."""
-    from .functional import chain_stages
     for name, seq in list(model.named_modules()):
-        if type(seq) is nn.Sequential and chain_stages(tuple(seq._modules.values())) is not None:
+        if type(seq) is nn.Sequential and M.chain_stages(tuple(seq._modules.values())) is not None:
             seq.__class__ = M.Sequential
             report.fused.append((name or "(model)", "chain"))
 

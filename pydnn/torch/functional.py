@@ -2534,31 +2534,10 @@ class ChainFunction(torch.autograd.Function):
 _chain_apply = C.applier(ChainFunction)
 
 
-def chain_stages(mods):
-    """The stages of a Sequential's children (convert(fuse=True)'s conv + batch norm blocks, nn.Flatten(1), a
-    pydnn Linear; nn.Identity and the blocks' absorbed batch norms pass through): [(kind, module(s))], or None
-    where a child is anything else or fewer than two stages compute."""
-    from . import modules as M
-    stages = []
-    for m in mods:
-        t = type(m)
-        if t is torch.nn.Identity or (t in (M.BatchNorm2d,) and m.__dict__.get("_absorbed")):
-            continue
-        bn = m.__dict__.get("_bn") if t is M.Conv2d else None
-        if bn is not None and m.padding_mode == "zeros" and bn.__dict__.get("_absorbed"):
-            stages.append((_ST_BLOCK, m, bn))
-        elif t is torch.nn.Flatten and m.start_dim == 1 and m.end_dim == -1:
-            stages.append((_ST_FLAT, m, None))
-        elif t is M.Linear and not m.__dict__.get("_mlp") and not m.__dict__.get("_mlp_tail"):
-            stages.append((_ST_LINEAR, m, None))
-        else:
-            return None
-    return stages if sum(k != _ST_FLAT for k, _, _ in stages) >= 2 else None
-
-
-def chain(seq, x):
+def chain(seq, x, chain_stages):
     """seq's forward in training as one ChainFunction, or None where it does not apply (the caller runs the
-    Sequential's own forward): each stage's record must exist (the first call of a shape goes module by module
+    Sequential's own forward); chain_stages: pydnn.torch.modules.chain_stages (passed in: this module does not
+    import the modules that import it): each stage's record must exist (the first call of a shape goes module by module
     and makes them) and take the fused path, no child may have hooks, x must be a dense CUDA tensor. The stages'
     side effects (num_batches_tracked) happen only once the chain is sure to run."""
     mods = tuple(seq._modules.values())

@@ -230,6 +230,27 @@ class Linear(nn.Linear):
         return PF.linear(x, w, b)
 
 
+def chain_stages(mods):
+    """The stages of a Sequential's children (convert(fuse=True)'s conv + batch norm blocks, nn.Flatten(1), a
+    pydnn Linear; nn.Identity and the blocks' absorbed batch norms pass through): [(kind, module(s))], or None
+    where a child is anything else or fewer than two stages compute."""
+    stages = []
+    for m in mods:
+        t = type(m)
+        if t is nn.Identity or (t in (BatchNorm2d,) and m.__dict__.get("_absorbed")):
+            continue
+        bn = m.__dict__.get("_bn") if t is Conv2d else None
+        if bn is not None and m.padding_mode == "zeros" and bn.__dict__.get("_absorbed"):
+            stages.append((PF._ST_BLOCK, m, bn))
+        elif t is nn.Flatten and m.start_dim == 1 and m.end_dim == -1:
+            stages.append((PF._ST_FLAT, m, None))
+        elif t is Linear and not m.__dict__.get("_mlp") and not m.__dict__.get("_mlp_tail"):
+            stages.append((PF._ST_LINEAR, m, None))
+        else:
+            return None
+    return stages if sum(k != PF._ST_FLAT for k, _, _ in stages) >= 2 else None
+
+
 class Sequential(nn.Sequential):
     """nn.Sequential whose training forward runs its fused stages as one autograd node where
     pydnn.torch.functional.chain takes it (tuning.torch.FUSE_CHAIN; convert(fuse=True) gives this class to an
@@ -237,7 +258,7 @@ class Sequential(nn.Sequential):
 
     def forward(self, input):  # noqa: A002 - nn.Sequential's name
         if self.training and tuning.torch.FUSE_CHAIN:
-            y = PF.chain(self, input)
+            y = PF.chain(self, input, chain_stages)
             if y is not None:
                 return y
         return super().forward(input)
