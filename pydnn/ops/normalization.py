@@ -1258,6 +1258,16 @@ def _finish_launch(nd, geo, slots):
     return _new_launch(_finish_expr(tuning.norm.FINISH), p, (grid, 1, 1), (tuning.norm.FINISH[0], tuning.norm.FINISH[1], 1), desc=f"finish slots={slots}")
 
 
+def _finish_rowx_launch(nd, geo, slots):
+    """finish's launch over `slots` partial slots, from its copy in the rowx unit (one unit to load for the rowx
+    backward forms: bwd_rowx, the split and xsplit backwards)."""
+    fin = _finish_launch(nd, geo, slots)
+    fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])
+    fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
+    fin.grid = (max(1, min(cdiv(geo[4], FINISH_SHAPES[-1][0]), 65535)), 1, 1)
+    return fin
+
+
 def _bwd_rows_alt(handle, nd, tag, geo, vec):
     """([bwd_rows, finish], workspace bytes) for contiguous layer / RMS rows without activation, or None."""
     sets, els, n_sets, length, nparams = geo
@@ -1399,11 +1409,8 @@ def _rowx_bwd_only(handle, nd, tag, geo, vec):
     bwd = _new_launch(_rowx_bwd_expr(tag, vec, items, cl), p, (grid, 1, 1), (block, 1, 1), smem,
                       desc=f"bwd_rowx vec={vec} G={g} block={block} items={items} period={period} grid={grid}"
                            + (f" cl={cl}" if cl > 1 else ""))
-    fin = _finish_launch(nd, geo, slots)
-    fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])  # (finish's copy in the rowx unit: one unit to load)
-    fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
+    fin = _finish_rowx_launch(nd, geo, slots)
     bwd.unit = fin.unit = f"normalization.rowx.{tag}"
-    fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
     return [bwd, fin], slots * 2 * nparams * 4
 
 
@@ -1466,10 +1473,7 @@ def _split_alt(handle, nd, tag, geo, vec):
     pp.group = chunk
     par = _new_launch(_split_expr("bwd_split_params", tag, vec), pp, (tiles, chunks, 1), (bx, by, 1),
                       desc=f"bwd_split_params vec={vec} block={bx}x{by} grid={tiles}x{chunks} rows={chunk}")
-    fin = _finish_launch(nd, geo, chunks)
-    fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])
-    fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
-    fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
+    fin = _finish_rowx_launch(nd, geo, chunks)
     dx.unit = par.unit = fin.unit = f"normalization.rowx.{tag}"
     # bwd_split_params before bwd_split_dx: both read x and dy, and dx may be dy or x (in place), which
     # bwd_split_dx overwrites (session 32; params after dx summed the overwritten dy)
@@ -1553,10 +1557,7 @@ def _xsplit_alt(handle, nd, tag, geo, vec):
     par = _new_launch(_split_expr("bwd_xsplit_params", tag, vec), pp, (tiles, chunks * period, 1), (bx, by, 1),
                       desc=f"bwd_xsplit_params vec={vec} block={bx}x{by} grid={tiles}x{chunks * period} "
                            f"period={period} rows={chunk}")
-    fin = _finish_launch(nd, geo, chunks * period)
-    fin.expr = _finish_rowx_expr(FINISH_SHAPES[-1])
-    fin.block = (FINISH_SHAPES[-1][0], FINISH_SHAPES[-1][1], 1)
-    fin.grid = (max(1, min(cdiv(nparams, FINISH_SHAPES[-1][0]), 65535)), 1, 1)
+    fin = _finish_rowx_launch(nd, geo, chunks * period)
     dx.unit = par.unit = fin.unit = f"normalization.rowx.{tag}"
     return [par, dx, fin], chunks * period * 2 * nparams * 4  # (params first: dx may be dy or x, see _split_alt)
 

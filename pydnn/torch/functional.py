@@ -848,7 +848,7 @@ def _lean_fwd_plan(r, x, weight, bias, relu, pool):
     k = weight.shape[0]
     lf.b32d = (C.tensor_desc(bias.dtype, (1, k, 1, 1), (k, 1, 1, 1))
                if bias is not None and bias.dtype is not dt else None)
-    packed = torch.empty(tuple(weight.shape), dtype=dt, device=weight.device).stride()
+    packed = torch.empty(tuple(weight.shape), dtype=dt, device="meta").stride()  # (strides only: no allocation)
     lf.w32d = C.tensor_desc(weight.dtype, tuple(weight.shape), weight.stride()) if weight.dtype is not dt else None
     lf.w16d = C.tensor_desc(dt, tuple(weight.shape), packed)
     lf.b_off = _align(cp.fwd_ws, _LEAN_ALIGN)
@@ -857,7 +857,7 @@ def _lean_fwd_plan(r, x, weight, bias, relu, pool):
     # of x (BLOCK_NHWC) | the 16-bit / NHWC filter (where the forward makes one) | the convolution's output | the
     # batch norm's output | its statistics, reserve space and workspace (the batch norm record's buffer)]
     es = torch.empty(0, dtype=dt).element_size()
-    yt = (torch.empty(cp.y_shape, dtype=dt, device=x.device, memory_format=torch.channels_last) if r.nhwc
+    yt = (torch.empty(cp.y_shape, dtype=dt, device="meta", memory_format=torch.channels_last) if r.nhwc
           else _output_like(x, pl.y_shape))
     lf.x_shape, lf.w_shape, lf.y_stride = tuple(x.shape), tuple(weight.shape), yt.stride()
     off = 0
@@ -2537,9 +2537,9 @@ _chain_apply = C.applier(ChainFunction)
 def chain(seq, x, chain_stages):
     """seq's forward in training as one ChainFunction, or None where it does not apply (the caller runs the
     Sequential's own forward); chain_stages: pydnn.torch.modules.chain_stages (passed in: this module does not
-    import the modules that import it): each stage's record must exist (the first call of a shape goes module by module
-    and makes them) and take the fused path, no child may have hooks, x must be a dense CUDA tensor. The stages'
-    side effects (num_batches_tracked) happen only once the chain is sure to run."""
+    import the modules that import it). Each stage's record must exist (the first call of a shape goes module by
+    module and makes them) and take the fused path, no child may have hooks, x must be a dense CUDA tensor. The
+    stages' side effects (num_batches_tracked) happen only once the chain is sure to run."""
     mods = tuple(seq._modules.values())
     cached = seq.__dict__.get("_chain")
     if cached is None or len(cached[0]) != len(mods) or any(a is not b for a, b in zip(cached[0], mods)):
