@@ -204,15 +204,9 @@ def _fast_sass(cubin, fe_lowered):
     return [ln for ln in part[0].split("\n") if re.match(r"\s+/\*[0-9a-f]+\*/", ln)]
 
 
-@pytest.mark.parametrize("kind", ["gelu", "residual", "rowmax"])
-def test_fused_tma_kernels_compile_without_spills(kind):
-    """ptxas (sm_90a) on the fused gemm_tma kernel: no spills, 168 registers at the 384-thread entry (the
-    consumers' setmaxnreg raises theirs); SASS where cuobjdump exists: the TMA loads, 4 HGMMA a K tile, the
-    WIDE stores (STG.E.128) in the epilogue; GELU: the fast tile's epilogue (between the last mbarrier wait and
-    the last wide store) reads the bias with 32 pair loads (one per column pair, both rows); row MAX: one
-    block-wide barrier (the start) and the rest named barrier 1 over 256 threads."""
-    prog, final, access, red = _programs()[kind]
-    name, text = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access, red=red)
+def _fast_kernel_ops(name, text):
+    """NVRTC + ptxas (sm_90a) of a generated fused GEMM: (ptxas log, the fast kernel's SASS lines and opcodes, both
+    None where cuobjdump is missing), its fast kernel checked for no spill and <= 168 registers at entry."""
     fe = f"pydnn::graph::{name}_f"
     cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
                                               COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
@@ -224,8 +218,23 @@ def test_fused_tma_kernels_compile_without_spills(kind):
     assert int(regs[lowered[fe]]) <= 168, log
     lines = _fast_sass(cubin, lowered[fe])
     if lines is None:
+        return log, None, None
+    return log, lines, [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0]
+                        for ln in lines]
+
+
+@pytest.mark.parametrize("kind", ["gelu", "residual", "rowmax"])
+def test_fused_tma_kernels_compile_without_spills(kind):
+    """ptxas (sm_90a) on the fused gemm_tma kernel: no spills, 168 registers at the 384-thread entry (the
+    consumers' setmaxnreg raises theirs); SASS where cuobjdump exists: the TMA loads, 4 HGMMA a K tile, the
+    WIDE stores (STG.E.128) in the epilogue; GELU: the fast tile's epilogue (between the last mbarrier wait and
+    the last wide store) reads the bias with 32 pair loads (one per column pair, both rows); row MAX: one
+    block-wide barrier (the start) and the rest named barrier 1 over 256 threads."""
+    prog, final, access, red = _programs()[kind]
+    name, text = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access, red=red)
+    _, lines, ops = _fast_kernel_ops(name, text)
+    if lines is None:
         return
-    ops = [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0] for ln in lines]
     c = Counter(ops)
     assert c["HGMMA.64x256x16.F32.BF16"] == 4 and c["UTMALDG.3D"] >= 2 and "USETMAXREG.DEALLOC.CTAPOOL" in c
     assert c["STG.E.128"] == 16 or (kind == "rowmax" and c["STG.E.128"] >= 16)
@@ -450,19 +459,9 @@ def test_staged_kernel_compiles_without_spills(kind):
     name, text = cg.matmul_source(prog, final, "bf16", M.TMA_TILE, M.TC_GENERAL, False, False, access=access,
                                   stage_bn=256)
     assert "kStage = 512;" in text and "cp_async16" in text
-    fe = f"pydnn::graph::{name}_f"
-    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
-                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
-    log = log if isinstance(log, str) else log.decode()
-    props = {f: (int(a), int(b)) for f, a, b in re.findall(
-        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
-    assert props.get(lowered[fe]) == (0, 0), log
-    regs = dict(re.findall(r"Compiling entry function '(\S+)'[\s\S]*?Used (\d+) registers", log))
-    assert int(regs[lowered[fe]]) <= 168, log
-    lines = _fast_sass(cubin, lowered[fe])
+    _, lines, ops = _fast_kernel_ops(name, text)
     if lines is None:
         return
-    ops = [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0] for ln in lines]
     c = Counter(ops)
     assert c["LDGSTS.E.BYPASS.128"] == 1 and c["HGMMA.64x256x16.F32.BF16"] == 4
     assert not any(o.startswith(("LDL", "STL")) for o in ops)
@@ -619,19 +618,9 @@ def test_ppc_fused_kernel_compiles_without_spills():
     multicast one, the releases as remote (cluster) arrivals, the turn barrier, the WIDE stores."""
     prog, final, access, red = _programs()["gelu"]
     name, text = cg.matmul_source(prog, final, "bf16", M.TMA_PPC_TILE, M.TC_GENERAL, False, False, access=access)
-    fe = f"pydnn::graph::{name}_f"
-    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
-                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
-    log = log if isinstance(log, str) else log.decode()
-    props = {f: (int(a), int(b)) for f, a, b in re.findall(
-        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
-    assert props.get(lowered[fe]) == (0, 0), log
-    regs = dict(re.findall(r"Compiling entry function '(\S+)'[\s\S]*?Used (\d+) registers", log))
-    assert int(regs[lowered[fe]]) <= 168, log
-    lines = _fast_sass(cubin, lowered[fe])
+    _, lines, ops = _fast_kernel_ops(name, text)
     if lines is None:
         return
-    ops = [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0] for ln in lines]
     c = Counter(ops)
     assert c["HGMMA.64x128x16.F32.BF16"] == 8 and c["UTMALDG.3D"] == 1 and c["UTMALDG.3D.MULTICAST"] == 1, c
     assert c["SYNCS.ARRIVE.TRANS64.RED.A1T0"] >= 2 and c["BAR.ARV"] == 1 and c["STG.E.128"] >= 16, c
@@ -665,25 +654,6 @@ def test_timeline_stamps_only_under_the_define():
 
 
 # ----------------------------------------------------------------------------- one-MUFU GELU, stmatrix stores
-def _fast_kernel_ops(name, text):
-    """NVRTC + ptxas (sm_90a) of a generated fused GEMM: (ptxas log, the fast kernel's SASS lines and opcodes, both
-    None where cuobjdump is missing), its fast kernel checked for no spill and <= 168 registers at entry."""
-    fe = f"pydnn::graph::{name}_f"
-    cubin, lowered, log = nvrtc.compile_cubin(text, f"graph/{name}.cu", (fe,), "sm_90a",
-                                              COMMON_OPTIONS + ("--ptxas-options=-v",), [str(cache.ptx_dir())])
-    log = log if isinstance(log, str) else log.decode()
-    props = {f: (int(a), int(b)) for f, a, b in re.findall(
-        r"Function properties for (\S+)[^\n]*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores", log)}
-    assert props.get(lowered[fe]) == (0, 0), log
-    regs = dict(re.findall(r"Compiling entry function '(\S+)'[\s\S]*?Used (\d+) registers", log))
-    assert int(regs[lowered[fe]]) <= 168, log
-    lines = _fast_sass(cubin, lowered[fe])
-    if lines is None:
-        return log, None, None
-    return log, lines, [re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]+)", ln)[0]
-                        for ln in lines]
-
-
 @pytest.mark.parametrize("stage", [True, False])
 @pytest.mark.parametrize("kind", ["gelu", "residual", "rowmax"])
 def test_stsm_plan_and_smem(sm90, monkeypatch, kind, stage):
