@@ -825,7 +825,10 @@ NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
 # timed against the one-a-step form that run 2 measured; the session-32 mid-session sweep read bn_bwd NCHW fp32
 # 5x1481x23x23 at 0.0317 ms (0.885x; PyTorch 0.0281) against run 2's 0.0258 (PyTorch 0.0285), and the
 # bench's fp16 4x139x64x64 at 0.0333 against 0.0284 (the resident form, untouched, read 0.0264 / 0.0262): a
-# regression by that cross-run reading. 4 until a same-run A/B (tools/bench_memory_points.py's ncr_* points).
+# regression by that cross-run reading. The same-run A/B (session 32's final call, H200, tools/bench_memory_points.py
+# ncrsu_* points, eager ms SU 4 / SU 1, PyTorch beside): fp32 5x1481x23x23 0.0329 / 0.0283 (0.902x -> 1.026x), fp16
+# 4x139x64x64 0.0334 / 0.0278 (0.529x -> 0.653x): SU 1 is faster on both. Still 4: SU 1 is a first-use
+# instantiation, and making it the installed one costs build time the 2-core install (299 s of 300) lacks.
 # NC_RES_SU: a switch, pydnn.tuning.batchnorm.NC_RES_SU (default 4)
 NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
 NC_RES_STREAM_PER = 4
