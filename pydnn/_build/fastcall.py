@@ -482,6 +482,198 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_FALSE;
 }
 
+/* The element-wise family's other cached calls answered here as activation_forward's (pydnn/ops/_elementwise.py,
+   tuning.callpath.C_ENTRY_MAP): activation_backward, add_tensor, scale_tensor, op_tensor, transform_tensor. A
+   kind says where each call's handle, descriptors, float scalars and buffers are among its arguments and which
+   of the record's spans (Prepared.need) each buffer must cover. Unlike act_try, a kind never looks a record up:
+   its call-site slots are filled by the entry after the Python function answered a call from its cache and
+   noted the record it launched (map_note), under the records' generation read before the Python function ran
+   and unchanged after it (no Set / Destroy / set_stream / switch change in between: the record is the one the
+   key names now). A call that finds its slot - the same handle and descriptor objects, the generation unchanged
+   - checks what can differ between calls exactly as the Python function's cached path does (the handle alive,
+   float scalars, launch_args not replaced, no recording, PYDNN_CHECKED off, each buffer a positive int, a CUDA
+   torch tensor / cupy array covering its span) and launches with run_map's map_core; anything else declines to
+   the Python function, which decides and reports errors as before. */
+#define MK_SLOTS 16
+#define MK_KINDS 5
+typedef struct {
+    int nargs, ndesc, desc[5];
+    int alpha, alpha2, beta;      /* argument positions of float scalars; -1: the constant below */
+    double c_alpha2, c_beta;
+    int out, out_need, nin, in[3], in_need[3];
+    int transform;                /* transform_tensor: the key's copy flag must be what the call makes it */
+} map_kind_t;
+
+static const map_kind_t mk_kinds[MK_KINDS] = {
+    /* 0 activation_backward(h, a, alpha, yD, y, dyD, dy, xD, x, beta, dxD, dx): dx <- (dy, y, x); alpha2 unused (1) */
+    {12, 5, {1, 3, 5, 7, 10}, 2, -1, 9, 1.0, 0.0, 11, 0, 3, {6, 4, 8}, {1, 2, 3}, 0},
+    /* 1 add_tensor(h, alpha, aD, A, beta, cD, C): C <- A */
+    {7, 2, {2, 5}, 1, -1, 4, 0.0, 0.0, 6, 0, 1, {3}, {1}, 0},
+    /* 2 scale_tensor(h, yD, y, alpha): y <- y, beta 0 */
+    {4, 1, {1}, 3, -1, -1, 0.0, 0.0, 2, 0, 1, {2}, {0}, 0},
+    /* 3 op_tensor(h, opD, alpha1, aD, A, alpha2, bD, B, beta, cD, C): C <- (A, B), or A alone (SQRT, NOT: the
+       slot's input count) */
+    {11, 4, {1, 3, 6, 9}, 2, 5, 8, 0.0, 0.0, 10, 0, 2, {4, 7}, {1, 2}, 0},
+    /* 4 transform_tensor(h, alpha, xD, x, beta, yD, y): y <- x */
+    {7, 2, {2, 5}, 1, -1, 4, 0.0, 0.0, 6, 0, 1, {3}, {1}, 1},
+};
+
+typedef struct {
+    PyObject *obj[6], *rec;      /* the handle, the kind's descriptors (strong: no address reused while held) */
+    uint64_t gen, crec, stream;
+    long long need[4];
+    int nin, copy, same;
+} mk_slot_t;
+static mk_slot_t mk_slots[MK_KINDS][MK_SLOTS];
+static uint64_t mk_hits[MK_KINDS];
+static int mk_on;                 /* map_setup done (tuning.callpath.C_ENTRY_MAP) */
+/* what the Python function noted on its cached path (map_note), for the entry that called it */
+static PyObject *mk_noted;
+static int mk_noted_kind = -1, mk_noted_depth = -1, mk_noted_nin, mk_noted_copy, mk_noted_same, mk_depth;
+
+static unsigned mk_index(const map_kind_t *k, PyObject *const *args) {
+    uintptr_t x = (uintptr_t)args[0] >> 4;
+    for (int i = 0; i < k->ndesc; i++) x ^= (uintptr_t)args[k->desc[i]] >> (5 + 2 * i);
+    return (unsigned)((x ^ (x >> 11) ^ (x >> 23)) % MK_SLOTS);
+}
+
+static void mk_clear_slot(mk_slot_t *s) {
+    for (int i = 0; i < 6; i++) Py_CLEAR(s->obj[i]);
+    Py_CLEAR(s->rec);
+}
+
+static void mk_clear_all(void) {
+    for (int k = 0; k < MK_KINDS; k++)
+        for (int i = 0; i < MK_SLOTS; i++) mk_clear_slot(&mk_slots[k][i]);
+}
+
+static int mk_float(PyObject *const *args, int pos, double c, double *v) {
+    if (pos < 0) { *v = c; return 1; }
+    if (!PyFloat_CheckExact(args[pos])) return 0;
+    *v = PyFloat_AS_DOUBLE(args[pos]);
+    return 1;
+}
+
+/* 1: answered (launched); 0: declined, no exception set */
+static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
+    const map_kind_t *k = &mk_kinds[kind];
+    if (!mk_on || !act_gen || nargs != k->nargs || !act_driver_dict) return 0;
+    uint64_t gen = __atomic_load_n(act_gen, __ATOMIC_ACQUIRE);
+    mk_slot_t *s = &mk_slots[kind][mk_index(k, args)];
+    if (s->obj[0] != args[0] || s->gen != gen || !s->rec) return 0;
+    for (int i = 0; i < k->ndesc; i++)
+        if (s->obj[1 + i] != args[k->desc[i]]) return 0;
+    double al, a2, be;
+    if (!mk_float(args, k->alpha, 0.0, &al) || !mk_float(args, k->alpha2, k->c_alpha2, &a2) ||
+        !mk_float(args, k->beta, k->c_beta, &be))
+        return 0;
+    if (k->transform && (s->same && al == 1.0 && be == 0.0) != s->copy) return 0;
+    int done = 0;
+    PyObject *t = PyObject_GetAttr(args[0], s_alive), *tt = NULL; /* tt borrowed */
+    uint64_t o = 0, ins[3] = {0, 0, 0};
+    if (t != Py_True || !act_module_ok(&tt)) goto out;
+    if (!act_buffer(args[k->out], tt, s->need[k->out_need], &o)) goto out;
+    for (int j = 0; j < s->nin; j++)
+        if (!act_buffer(args[k->in[j]], tt, s->need[k->in_need[j]], &ins[j])) goto out;
+    mk_hits[kind]++;
+    done = map_core(s->crec, s->stream, o, ins, s->nin, al, a2, be) == 0;
+out:
+    Py_XDECREF(t);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return done;
+}
+
+/* after the Python function answered args (gen0: the generation before it ran): the slot of this call site
+   takes the record it noted. Never raises. */
+static void mk_fill(int kind, PyObject *const *args, Py_ssize_t nargs, uint64_t gen0) {
+    const map_kind_t *k = &mk_kinds[kind];
+    PyObject *rec = mk_noted, *crec = NULL, *need = NULL, *st = NULL;
+    mk_noted = NULL;
+    if (!rec) return;
+    if (mk_noted_kind != kind || mk_noted_depth != mk_depth || nargs != k->nargs || !act_gen ||
+        __atomic_load_n(act_gen, __ATOMIC_ACQUIRE) != gen0 || mk_noted_nin < 0 || mk_noted_nin > k->nin)
+        goto out;
+    mk_slot_t *s = &mk_slots[kind][mk_index(k, args)];
+    if (s->rec == rec && s->gen == gen0 && s->obj[0] == args[0]) { /* already this site's (a declined buffer) */
+        int same = 1;
+        for (int i = 0; i < k->ndesc; i++) same &= s->obj[1 + i] == args[k->desc[i]];
+        if (same && s->nin == mk_noted_nin && s->copy == mk_noted_copy && s->same == mk_noted_same) goto out;
+    }
+    uint64_t c = 0, stream = 0;
+    if (!(crec = PyObject_GetAttr(rec, s_crec)) || !PyLong_CheckExact(crec) || u64(crec, &c) || !c) goto out;
+    if (!(need = PyObject_GetAttr(rec, s_need)) || !PyTuple_CheckExact(need)) goto out;
+    long long nd[4] = {0, 0, 0, 0};
+    Py_ssize_t nn = PyTuple_GET_SIZE(need);
+    if (nn > 4) goto out;
+    for (Py_ssize_t i = 0; i < nn; i++) {
+        nd[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(need, i));
+        if (PyErr_Occurred()) goto out;
+    }
+    if (k->out_need >= nn) goto out;
+    for (int j = 0; j < mk_noted_nin; j++)
+        if (k->in_need[j] >= nn) goto out;
+    if (!(st = PyObject_GetAttr(args[0], s_stream)) || !PyLong_CheckExact(st) || u64(st, &stream)) goto out;
+    mk_clear_slot(s);
+    Py_INCREF(args[0]);
+    s->obj[0] = args[0];
+    for (int i = 0; i < k->ndesc; i++) {
+        Py_INCREF(args[k->desc[i]]);
+        s->obj[1 + i] = args[k->desc[i]];
+    }
+    Py_INCREF(rec);
+    s->rec = rec;
+    s->gen = gen0; s->crec = c; s->stream = stream;
+    memcpy(s->need, nd, sizeof nd);
+    s->nin = mk_noted_nin; s->copy = mk_noted_copy; s->same = mk_noted_same;
+out:
+    Py_XDECREF(rec); Py_XDECREF(crec); Py_XDECREF(need); Py_XDECREF(st);
+    mk_noted_kind = -1;
+    if (PyErr_Occurred()) PyErr_Clear();
+}
+
+/* map_note(kind, record, inputs, copy, same): the Python function's cached path launched `record` with that many
+   inputs (transform_tensor: its key's copy flag and whether x and y share a data type) */
+static PyObject *fc_map_note(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "map_note takes 5 arguments");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]), nin = PyLong_AsLong(args[2]);
+    int copy = PyObject_IsTrue(args[3]), same = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_INCREF(args[1]);
+    Py_XSETREF(mk_noted, args[1]);
+    mk_noted_kind = (int)kind; mk_noted_depth = mk_depth; mk_noted_nin = (int)nin;
+    mk_noted_copy = copy; mk_noted_same = same;
+    Py_RETURN_NONE;
+}
+
+/* map_setup(): the kinds answer from now on (act_setup first: the module objects they read); map_stats() ->
+   (hits per kind, occupied slots per kind); map_forget(): empty the slots (tests) */
+static PyObject *fc_map_setup(PyObject *self, PyObject *unused) {
+    if (!act_driver_dict || !act_gen) Py_RETURN_FALSE;
+    mk_clear_all();
+    mk_on = 1;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *fc_map_stats(PyObject *self, PyObject *unused) {
+    PyObject *hits = PyTuple_New(MK_KINDS), *occ = PyTuple_New(MK_KINDS);
+    if (!hits || !occ) { Py_XDECREF(hits); Py_XDECREF(occ); return NULL; }
+    for (int k = 0; k < MK_KINDS; k++) {
+        int n = 0;
+        for (int i = 0; i < MK_SLOTS; i++) n += mk_slots[k][i].rec != NULL;
+        PyTuple_SET_ITEM(hits, k, PyLong_FromUnsignedLongLong(mk_hits[k]));
+        PyTuple_SET_ITEM(occ, k, PyLong_FromLong(n));
+    }
+    return Py_BuildValue("(NN)", hits, occ);
+}
+
+static PyObject *fc_map_forget(PyObject *self, PyObject *unused) {
+    mk_clear_all();
+    Py_RETURN_NONE;
+}
+
 /* The public activation_forward itself as a callable object (act_entry(fallback)): act_try, and for anything
    it declines (keywords included) the fallback - the Python function - with the same arguments. No Python
    frame of its own: the Python entry it replaces (a def calling act_fwd) cost ~0.2-0.3 us a call here. Has a
@@ -490,11 +682,38 @@ typedef struct {
     PyObject_HEAD
     PyObject *fallback, *dict;
     vectorcallfunc vectorcall;
+    int kind; /* -1: activation_forward (act_try); else a map kind (mk_try) */
 } entry_t;
 
 static PyObject *entry_vcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    if (!kwnames && act_try(args, PyVectorcall_NARGS(nargsf))) Py_RETURN_NONE;
-    return PyObject_Vectorcall(((entry_t *)self)->fallback, args, nargsf, kwnames);
+    entry_t *e = (entry_t *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (e->kind < 0) {
+        if (!kwnames && act_try(args, n)) Py_RETURN_NONE;
+        return PyObject_Vectorcall(e->fallback, args, nargsf, kwnames);
+    }
+    if (!kwnames && mk_try(e->kind, args, n)) Py_RETURN_NONE;
+    if (kwnames || !mk_on || !act_gen) return PyObject_Vectorcall(e->fallback, args, nargsf, kwnames);
+    /* the Python function answers; if it noted the record of its cached path (at this depth: not a nested
+       entry's) and no generation move happened meanwhile, this call site's slot takes it */
+    uint64_t gen0 = __atomic_load_n(act_gen, __ATOMIC_ACQUIRE);
+    Py_CLEAR(mk_noted);
+    mk_noted_kind = -1;
+    mk_depth++;
+    PyObject *r = PyObject_Vectorcall(e->fallback, args, nargsf, NULL);
+    mk_depth--;
+    if (r) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        mk_depth++; /* the note was made inside the call, one level down */
+        mk_fill(e->kind, args, n, gen0);
+        mk_depth--;
+        PyErr_Restore(et, ev, tb);
+    } else {
+        Py_CLEAR(mk_noted);
+        mk_noted_kind = -1;
+    }
+    return r;
 }
 
 static void entry_dealloc(PyObject *self) {
@@ -538,7 +757,21 @@ static PyObject *fc_act_entry(PyObject *self, PyObject *fallback) {
     e->fallback = fallback;
     e->dict = NULL;
     e->vectorcall = entry_vcall;
+    e->kind = -1;
     return (PyObject *)e;
+}
+
+/* map_entry(kind, fallback): a map kind's public function as a compiled callable over its Python function */
+static PyObject *fc_map_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long kind = nargs == 2 ? PyLong_AsLong(args[0]) : -2;
+    if (PyErr_Occurred()) return NULL;
+    if (kind < 0 || kind >= MK_KINDS) {
+        PyErr_SetString(PyExc_ValueError, "map_entry takes (kind, callable) with a known kind");
+        return NULL;
+    }
+    PyObject *e = fc_act_entry(self, args[1]);
+    if (e) ((entry_t *)e)->kind = (int)kind;
+    return e;
 }
 
 static PyMethodDef methods[] = {
@@ -548,6 +781,11 @@ static PyMethodDef methods[] = {
     {"act_probe", (PyCFunction)(void (*)(void))fc_act_probe, METH_FASTCALL, "act_buffer's tensor reads (tests)"},
     {"act_entry", fc_act_entry, METH_O, "activation_forward as a compiled callable over its Python function"},
     {"act_forget", fc_act_forget, METH_NOARGS, "empty the call-site slots"},
+    {"map_note", (PyCFunction)(void (*)(void))fc_map_note, METH_FASTCALL, "the record a cached call launched"},
+    {"map_setup", fc_map_setup, METH_NOARGS, "the map kinds answer from now on"},
+    {"map_stats", fc_map_stats, METH_NOARGS, "(hits per map kind, occupied slots per kind)"},
+    {"map_forget", fc_map_forget, METH_NOARGS, "empty the map kinds' slots"},
+    {"map_entry", (PyCFunction)(void (*)(void))fc_map_entry, METH_FASTCALL, "a map kind's compiled entry"},
     {"patch_launch", (PyCFunction)(void (*)(void))fc_patch_launch, METH_FASTCALL, "a patched generated-kernel launch"},
     {"launch", (PyCFunction)(void (*)(void))fc_launch, METH_FASTCALL, "cuLaunchKernel with int arguments"},
     {"init", fc_init, METH_NOARGS, "dlsym cuLaunchKernel; whether it was found"},
@@ -740,6 +978,23 @@ def activation_public(fallback):
     import functools
 
     return functools.update_wrapper(lib.act_entry(fallback), fallback)
+
+
+# The map kinds of the compiled entry (fastcall's mk_kinds, same order): the element-wise family's cached calls
+# besides activation_forward, answered in C from call-site slots the Python function's cached path fills (map_note)
+MAP_KINDS = {"activation_backward": 0, "add_tensor": 1, "scale_tensor": 2, "op_tensor": 3, "transform_tensor": 4}
+
+
+def map_entries(fallbacks):
+    """{name: compiled entry over fallbacks[name]} for the MAP_KINDS named, and the module's map_note; None where
+    the helper has none or act_setup has not run (activation_entry first: the module objects the kinds read)."""
+    lib = _state.get("lib")
+    if lib is None or not hasattr(lib, "map_entry") or not lib.map_setup():
+        return None
+    import functools
+
+    return ({name: functools.update_wrapper(lib.map_entry(MAP_KINDS[name], f), f) for name, f in fallbacks.items()},
+            lib.map_note)
 
 
 def driver_launch_untouched():
