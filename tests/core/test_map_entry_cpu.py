@@ -1,0 +1,269 @@
+"""The element-wise calls' compiled entries (pydnn/_build/fastcall.py's map kinds, tuning.callpath.C_ENTRY_MAP)
+without a GPU.
+
+In a child process over tools/bench_host_cpu.py's stand-in libcuda.so.1 (which keeps each launch's function,
+grid, block, stream and whole parameter struct), for activation_backward, add_tensor, scale_tensor, op_tensor
+(binary and unary) and transform_tensor (a copy, a scaled copy, a conversion): every call goes through the public
+name (the compiled entry) and again through the Python function behind it, and the two must launch the same bytes
+or raise the same error. The entry answers from its call-site slot (counted by map_stats) exactly the repeated
+cached calls - int pointers, torch tensors (a stand-in spelled like torch.Tensor), misaligned pointers (the
+scalar kernel), other scalars - and declines everything else (the first call of a site, int scalars, keywords,
+a wrong argument count, NULL / negative / None / too small / host buffers, a Set descriptor or another
+descriptor object, a dead handle, PYDNN_CHECKED, a replaced launch_args, transform's alpha / beta moving between
+a copy and a scaled copy), which the Python function then answers or refuses as before."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+SCRIPT = r'''
+import ctypes, json, sys
+sys.path.insert(0, sys.argv[1])
+import bench_host as B, bench_host_cpu as C
+import pydnn as P
+from pydnn import buffers, tuning
+from pydnn._build import fastcall
+from pydnn._build.params import MapParams
+from pydnn._cuda import driver
+from pydnn.ops import _elementwise as ew
+from pydnn.ops import activation as A
+from pydnn.ops import tensor_ops as T
+
+class Rec(ctypes.Structure):
+    _fields_ = [("func", ctypes.c_uint64), ("stream", ctypes.c_uint64), ("smem", ctypes.c_uint64),
+                ("dims", ctypes.c_uint32 * 6), ("params", ctypes.c_uint8 * 64)]
+
+fake = ctypes.CDLL("libcuda.so.1")
+NP = ctypes.sizeof(MapParams)
+fake.fake_capture(NP)
+
+def drain():
+    buf = (Rec * 64)()
+    n = fake.fake_launches(buf, 64)
+    full = (ctypes.c_uint8 * NP)()
+    fake.fake_last_params(full, NP)
+    return [[[r.func, r.stream, r.smem, list(r.dims)] for r in buf[:n]], bytes(full).hex()]
+
+tuning.callpath.C_LAUNCH = True
+fastcall.install()
+h, addr = C.real_stub_handle(), B.CpuBuffers()
+h.stream = 0x7000
+h.cu_stream = driver._driver().CUstream(0x7000)
+TL = C._torch_like_type()
+N = 1000
+d = B._td((1, 1, 1, N))
+dh = B._td((1, 1, 1, N), P.PYDNN_DATA_HALF)
+d2 = B._td((1, 1, 1, N))
+act = P.create_activation_descriptor()
+P.set_activation_descriptor(act, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+opd = P.create_op_tensor_descriptor()
+P.set_op_tensor_descriptor(opd, P.PYDNN_OP_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
+sq = P.create_op_tensor_descriptor()
+P.set_op_tensor_descriptor(sq, P.PYDNN_OP_TENSOR_SQRT, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
+p = [addr(4 * N)[0] for _ in range(4)]
+P.activation_forward(h, act, 1.0, d, p[0], 0.0, d, p[1])  # the first compiled record: the entries are set up
+P.activation_forward(h, act, 1.0, d, TL(p[0], 4 * N), 0.0, d, TL(p[1], 4 * N))  # the stand-in type verified
+assert buffers.TORCH_TENSOR is TL
+lib = fastcall._state["lib"]
+K = fastcall.MAP_KINDS
+assert all(type(getattr(P, n)).__name__ == "Entry" for n in K), "the entries were not published"
+out = {}
+
+def py_of(name):
+    return getattr(A if name == "activation_backward" else T, "_py_" + name)
+
+def both(label, name, args, **kw):
+    """(answered from a slot: 0 / 1, launches through the public name, launches through the Python function)"""
+    k = K[name]
+    drain()
+    h0 = lib.map_stats()[0][k]
+    try:
+        getattr(P, name)(*args, **kw)
+        r1 = drain()
+    except Exception as e:
+        r1 = [type(e).__name__, getattr(e, "status", None), str(e)]
+    hit = lib.map_stats()[0][k] - h0
+    drain()
+    try:
+        py_of(name)(*args, **kw)
+        r2 = drain()
+    except Exception as e:
+        r2 = [type(e).__name__, getattr(e, "status", None), str(e)]
+    out[name + ": " + label] = [hit, r1, r2]
+
+OUT = {"activation_backward": 3, "add_tensor": 1, "scale_tensor": 0, "op_tensor": 2, "transform_tensor": 1}
+
+def forms(name, make):
+    """make(buffers list, alpha, beta) -> the call's arguments; buffers are p's addresses or stand-ins"""
+    both("first", name, make(p, 1.0, 0.0))
+    both("ints", name, make(p, 1.0, 0.0))
+    both("torch", name, make([TL(x, 4 * N) for x in p], 1.0, 0.0))
+    both("torch again", name, make([TL(x, 4 * N) for x in p], 1.0, 0.0))
+    both("misaligned", name, make([x + 4 for x in p], 1.0, 0.0))
+    both("beta", name, make(p, 0.5, 2.0))
+    both("int alpha", name, make(p, 1, 0.0))
+    args = make(p, 1.0, 0.0)
+    last = {"activation_backward": "dx", "scale_tensor": "alpha", "transform_tensor": "y"}.get(name, "C")
+    both("keywords", name, args[:-1], **{last: args[-1]})
+    both("too many", name, args + (1,))
+    for i, what in ((OUT[name], "output"), (0, "input")):  # one buffer short of its span, the others whole
+        if i != OUT[name] or what == "output":
+            short = [TL(x, 4 * N - 4 if j == i else 4 * N) for j, x in enumerate(p)]
+            both(f"torch {what} too small", name, make(short, 1.0, 0.0))
+    host = [TL(x, 4 * N) for x in p]
+    for t in host:
+        t.is_cuda = False
+    both("host tensor", name, make(host, 1.0, 0.0))
+    both("NULL", name, make([0] * 4, 1.0, 0.0))
+    both("negative", name, make([-5] * 4, 1.0, 0.0))
+    both("None", name, make([None] * 4, 1.0, 0.0))
+    both("ints again", name, make(p, 1.0, 0.0))
+    buffers.CHECKED = True
+    both("checked", name, make(p, 1.0, 0.0))
+    buffers.CHECKED = False
+    la = driver.launch_args
+    driver.launch_args = lambda *a: la(*a)
+    both("launch_args replaced", name, make(p, 1.0, 0.0))
+    driver.launch_args = la
+    h.alive = False
+    both("dead handle", name, make(p, 1.0, 0.0))
+    h.alive = True
+    P.set_tensor_nd_descriptor_ex(d, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, 1, 1, N])  # a new version
+    both("descriptor set again", name, make(p, 1.0, 0.0))
+    both("after set", name, make(p, 1.0, 0.0))
+
+def other_desc(name, make, make2):
+    both("other descriptor object", name, make2(p, 1.0, 0.0))  # the same site's slot holds d, not d2
+    both("other again", name, make2(p, 1.0, 0.0))
+    both("back to the first", name, make(p, 1.0, 0.0))
+
+mk = {
+    "activation_backward": lambda b, al, be: (h, act, al, d, b[0], d, b[1], d, b[2], be, d, b[3]),
+    "add_tensor": lambda b, al, be: (h, al, d, b[0], be, d, b[1]),
+    "scale_tensor": lambda b, al, be: (h, d, b[0], al),
+    "op_tensor": lambda b, al, be: (h, opd, al, d, b[0], 1.5, d, b[1], be, d, b[2]),
+    "transform_tensor": lambda b, al, be: (h, al, d, b[0], be, d, b[1]),
+}
+mk2 = {
+    "add_tensor": lambda b, al, be: (h, al, d2, b[0], be, d, b[1]),
+    "op_tensor": lambda b, al, be: (h, opd, al, d, b[0], 1.5, d2, b[1], be, d, b[2]),
+    "transform_tensor": lambda b, al, be: (h, al, d, b[0], be, d2, b[1]),
+}
+for name, make in mk.items():
+    forms(name, make)
+    if name in mk2:
+        other_desc(name, make, mk2[name])
+# op_tensor unary (SQRT): B and bDesc are not read (None), the slot launches one input
+un = lambda b, al, be: (h, sq, al, d, b[0], 1.0, None, None, be, d, b[2])
+both("sqrt first", "op_tensor", un(p, 1.0, 0.0))
+both("sqrt again", "op_tensor", un(p, 1.0, 0.0))
+both("sqrt B given", "op_tensor", (h, sq, 1.0, d, p[0], 1.0, d, p[1], 0.0, d, p[2]))
+# transform: alpha 1 / beta 0 between equal types is the copy key; other scalars the scaled key; a conversion
+tr = mk["transform_tensor"]
+both("copy", "transform_tensor", tr(p, 1.0, 0.0))
+both("copy again", "transform_tensor", tr(p, 1.0, 0.0))
+both("scaled after copy", "transform_tensor", tr(p, 2.0, 0.0))
+both("scaled again", "transform_tensor", tr(p, 2.0, 0.0))
+both("copy after scaled", "transform_tensor", tr(p, 1.0, 0.0))
+cv = lambda b, al, be: (h, al, d, b[0], be, dh, b[1])
+both("convert", "transform_tensor", cv(p, 1.0, 0.0))
+both("convert again", "transform_tensor", cv(p, 1.0, 0.0))
+both("convert scaled", "transform_tensor", cv(p, 3.0, 0.0))
+both("convert scaled again", "transform_tensor", cv(p, 3.0, 0.0))
+both("convert copy scalars again", "transform_tensor", cv(p, 1.0, 0.0))
+# a switch change moves the generation: the next call declines, then the slot is filled again
+g0 = tuning.RECORDS_GEN[0]
+tuning.callpath.MHA_PLANS = True
+moved = tuning.RECORDS_GEN[0] != g0
+both("after tuning", "add_tensor", mk["add_tensor"](p, 1.0, 0.0))
+both("after tuning again", "add_tensor", mk["add_tensor"](p, 1.0, 0.0))
+print(json.dumps({"moved": moved, "slots": lib.map_stats()[1]}))
+print(json.dumps(out))
+'''
+
+ANSWERED = {"ints", "torch", "torch again", "misaligned", "beta", "ints again", "after set", "other again", "sqrt again",
+            "copy again", "scaled again", "convert again", "convert scaled", "convert scaled again",
+            "convert copy scalars again", "after tuning again"}
+# answered or not by where the slots fell: two sites of one kind share a slot when their objects' addresses hash
+# alike (1 in 16), so a site may or may not have kept its slot across another site's call
+EITHER = {"back to the first", "copy"}
+ERRORS = {"torch output too small": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT",
+          "torch input too small": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT", "host tensor": "PYDNN_STATUS_BAD_PARAM",
+          "NULL": "PYDNN_STATUS_BAD_PARAM_NULL_POINTER", "negative": "PYDNN_STATUS_BAD_PARAM",
+          "None": "PYDNN_STATUS_BAD_PARAM_NULL_POINTER", "dead handle": "PYDNN_STATUS_BAD_PARAM"}
+
+
+def test_map_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch):
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    pytest.importorskip("cuda.bindings")
+    import bench_host as B
+    import bench_host_cpu
+
+    import pydnn as P
+
+    # the element-wise kernels compiled here, into the cache the child reads (no NVRTC under the stand-in)
+    monkeypatch.setenv("PYDNN_CACHE_DIR", str(tmp_path))
+    with B.no_launch():
+        h = B.cpu_handle()
+        d, dh = B._td((1, 1, 1, 1000)), B._td((1, 1, 1, 1000), P.PYDNN_DATA_HALF)
+        a = P.create_activation_descriptor()
+        P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+        p = [(i + 1) << 32 for i in range(4)]
+        P.activation_forward(h, a, 1.0, d, p[0], 0.0, d, p[1])
+        P.activation_backward(h, a, 1.0, d, p[0], d, p[1], d, p[2], 0.0, d, p[3])
+        for op in (P.PYDNN_OP_TENSOR_ADD, P.PYDNN_OP_TENSOR_SQRT):
+            o = P.create_op_tensor_descriptor()
+            P.set_op_tensor_descriptor(o, op, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
+            P.op_tensor(h, o, 1.0, d, p[0], 1.0, d, p[1], 0.0, d, p[2])
+        P.add_tensor(h, 1.0, d, p[0], 0.0, d, p[1])
+        P.scale_tensor(h, d, p[0], 2.0)
+        for al in (1.0, 2.0):
+            P.transform_tensor(h, al, d, p[0], 0.0, d, p[1])
+            P.transform_tensor(h, al, d, p[0], 0.0, dh, p[1])
+    lib_dir = bench_host_cpu.fake_libcuda_dir()
+    env = dict(os.environ,
+               LD_LIBRARY_PATH=os.pathsep.join(x for x in (lib_dir, os.environ.get("LD_LIBRARY_PATH")) if x),
+               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools")], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    out, info = json.loads(lines[-1]), json.loads(lines[-2])
+    assert info["moved"] and all(n >= 1 for n in info["slots"]), info
+    kinds = {label.split(": ")[0] for label in out}
+    assert len(kinds) == 5, kinds
+    for label, (hit, public, python) in out.items():
+        case = label.split(": ", 1)[1]
+        assert public == python, label  # the same launch bytes, or the same exception, status and message
+        # transform's beta case makes the scaled key, not the copy key its slot holds: declined
+        want = case in ANSWERED and not (label.startswith("transform_tensor") and case == "beta")
+        if case not in EITHER:
+            assert hit == (1 if want else 0), (label, hit)
+        if want:
+            launches, _ = public
+            assert len(launches) == 1 and launches[0][1] == 0x7000, label
+        if case in ERRORS:
+            assert public[0] == "PydnnError" and public[1] == getattr(P, ERRORS[case]), (label, public)
+        if case == "too many":
+            assert public[0] == "TypeError", (label, public)
+    for name in kinds:
+        o = {label.split(": ", 1)[1]: v for label, v in out.items() if label.startswith(name + ": ")}
+        # what the slot launched differs where it must: the scalar kernel for misaligned pointers (the
+        # transpose-free maps here have two kernels), other scalars in the parameter bytes
+        assert o["ints"][1] == o["torch again"][1] == o["ints again"][1] == o["after set"][1], name
+        assert o["misaligned"][1][0][0][0] != o["ints"][1][0][0][0], name
+        assert o["beta"][1][1] != o["ints"][1][1], name
+    t = {label.split(": ", 1)[1]: v for label, v in out.items() if label.startswith("transform_tensor: ")}
+    assert t["copy"][1][0][0][0] != t["scaled after copy"][1][0][0][0]  # the copy and the scaled kernels
+    assert t["copy after scaled"][1] == t["copy again"][1]
+    assert t["convert scaled"][1][1] != t["convert again"][1][1]
+    o = {label.split(": ", 1)[1]: v for label, v in out.items() if label.startswith("op_tensor: ")}
+    assert o["sqrt again"][1] == o["sqrt B given"][1]
