@@ -142,6 +142,15 @@ def _act_py(h, buf):
     return (lambda b: f(h, a, 1.0, d, b[0], 0.0, d, b[1])), (xp, yp), (x, y), "relu"
 
 
+def _act_bwd(h, buf):
+    d = _td((1, 1, 1, 1))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    bufs = [buf(4) for _ in range(4)]
+    return ((lambda b: P.activation_backward(h, a, 1.0, d, b[0], d, b[1], d, b[2], 0.0, d, b[3])),
+            tuple(p for p, _ in bufs), tuple(o for _, o in bufs), "threshold_backward")
+
+
 def _add(h, buf):
     d = _td((1, 1, 1, 1))
     (ap, a), (cp, c) = buf(4), buf(4)
@@ -292,6 +301,7 @@ MHA_CASES = [("mha", f"multi_head_attn {k} b8 s512 e1024 h16 causal", _mha(k))
 
 CASES = [
     ("activation", "activation_forward relu 1 elem", _act),
+    ("activation", "activation_backward relu 1 elem", _act_bwd),
     ("tensor", "add_tensor 1 elem", _add),
     ("tensor", "op_tensor add 1 elem", _op),
     ("tensor", "scale_tensor 1 elem", _scale),
@@ -514,7 +524,8 @@ def run_gpu(families, calls, label=""):
     x1 = torch.randn(1, device="cuda")
     torch_ops = {"relu": lambda: torch.relu(x1), "add_": lambda: x1.add_(x1), "add": lambda: torch.add(x1, x1),
                  "mul_": lambda: x1.mul_(1.0), "copy_": lambda: x1.copy_(x1),
-                 "softmax": lambda: torch.softmax(x1, 0), "sum": lambda: x1.sum()}
+                 "softmax": lambda: torch.softmax(x1, 0), "sum": lambda: x1.sum(),
+                 "threshold_backward": lambda: torch.ops.aten.threshold_backward(x1, x1, 0.0)}
     cases = list(CASES)
     if not families or "activation" in families:  # the Python function itself, without its C entry (C_ENTRY)
         cases.insert(1, ("activation", "activation_forward [the Python function]", _act_py))
