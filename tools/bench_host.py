@@ -514,6 +514,74 @@ def run_ab(calls, rounds=5):
     return rows
 
 
+def run_ab_map(calls, rounds=5):
+    """The element-wise calls' compiled entries (tuning.callpath.C_ENTRY_MAP: activation_backward, add_tensor,
+    scale_tensor, op_tensor, transform_tensor) against the Python functions behind them and PyTorch's op, int
+    pointers and torch tensors, 1 element, in alternating rounds on one handle as run_ab (each form a
+    functools.partial: no benchmark frame timed). Medians (min) over rounds, queued and host only."""
+    import torch
+
+    from pydnn._build import fastcall
+    from pydnn.ops import activation as A
+    from pydnn.ops import tensor_ops as T
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    sync = torch.cuda.synchronize
+    d = _td((1, 1, 1, 1))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    op = P.create_op_tensor_descriptor()
+    P.set_op_tensor_descriptor(op, P.PYDNN_OP_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
+    t = [torch.randn(1, device="cuda") for _ in range(4)]
+    ip = [x.data_ptr() for x in t]
+    calls_of = {
+        "activation_backward": lambda b: (h, a, 1.0, d, b[0], d, b[1], d, b[2], 0.0, d, b[3]),
+        "add_tensor": lambda b: (h, 1.0, d, b[0], 1.0, d, b[1]),
+        "scale_tensor": lambda b: (h, d, b[0], 2.0),
+        "op_tensor": lambda b: (h, op, 1.0, d, b[0], 1.0, d, b[1], 0.0, d, b[2]),
+        "transform_tensor": lambda b: (h, 1.0, d, b[0], 0.0, d, b[1]),
+    }
+    x = t[0]
+    torch_of = {"activation_backward": functools.partial(torch.ops.aten.threshold_backward, x, x, 0.0),
+                "add_tensor": functools.partial(x.add_, x), "scale_tensor": functools.partial(x.mul_, 2.0),
+                "op_tensor": functools.partial(torch.add, x, x), "transform_tensor": functools.partial(x.copy_, x)}
+    for name, mk in calls_of.items():  # plans; the first compiled record sets the entries up; fills the slots
+        for b in (ip, t):
+            for _ in range(3):
+                getattr(P, name)(*mk(b))
+    forms = {}
+    for name, mk in calls_of.items():
+        py = getattr(A if name == "activation_backward" else T, "_py_" + name)
+        for kind, b in (("int", ip), ("torch", t)):
+            forms[f"{name} entry, {kind}"] = functools.partial(getattr(P, name), *mk(b))
+            forms[f"{name} Python function, {kind}"] = functools.partial(py, *mk(b))
+        forms[f"{name}: PyTorch's op"] = torch_of[name]
+    lib = fastcall._state.get("lib")
+    print(f"ab-map: pydnn.add_tensor is {type(P.add_tensor).__name__}; slot hits so far "
+          f"{lib.map_stats() if lib is not None and hasattr(lib, 'map_stats') else 'n/a'}", flush=True)
+    res = {k: ([], []) for k in forms}
+    for r in range(rounds):
+        for k, f in forms.items():
+            q = time_us(f, calls, 3)
+            sync()
+            ho = time_us_host(f, calls, sync, repeats=3)
+            res[k][0].append(q)
+            res[k][1].append(ho)
+        print(f"ab-map round {r + 1}/{rounds} done", flush=True)
+    rows = []
+    for k, (q, ho) in res.items():
+        rows.append({"family": "ab-map", "case": k, "int_us": statistics.median(q), "int_host": statistics.median(ho),
+                     "obj_us": float("nan"), "torch_us": float("nan")})
+        print(f"ab-map {k:45s} queued {statistics.median(q):6.2f} us (min {min(q):.2f}) | host only "
+              f"{statistics.median(ho):6.2f} us (min {min(ho):.2f})", flush=True)
+    if lib is not None and hasattr(lib, "map_stats"):
+        print(f"ab-map: slot hits {lib.map_stats()}", flush=True)
+    sync()
+    pydnn.destroy(h)
+    return rows
+
+
 def run_gpu(families, calls, label=""):
     import torch
 
@@ -740,6 +808,10 @@ def main():
                    help="also Graph.execute on built plans (the 8-op chain, matmul + bias + GELU)")
     p.add_argument("--ab", action="store_true",
                    help="activation_forward's C entry vs the Python function vs torch.relu, alternating rounds")
+    p.add_argument("--ab-map", action="store_true",
+                   help="the element-wise calls' compiled entries vs their Python functions vs PyTorch, alternating "
+                        "rounds (session 33)")
+    p.add_argument("--ab-rounds", type=int, default=5, help="rounds of --ab / --ab-map")
     p.add_argument("--graph-matmul", action="store_true", help="with --graph on a GPU: the fused matmul graph too")
     p.add_argument("--no-c-launch-off", action="store_true",
                    help="with --quick on a GPU: skip the pass with tuning.callpath.C_LAUNCH off")
@@ -770,7 +842,9 @@ def main():
     else:
         rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
     if gpu and args.ab:
-        rows += run_ab(args.calls)
+        rows += run_ab(args.calls, args.ab_rounds)
+    if gpu and args.ab_map:
+        rows += run_ab_map(args.calls, args.ab_rounds)
     md = to_markdown(rows, gpu)
     if args.graph:
         grows = run_graph(args.calls, gpu, matmul=args.graph_matmul or not gpu)

@@ -188,8 +188,8 @@ print(json.dumps({"moved": moved, "slots": lib.map_stats()[1]}))
 print(json.dumps(out))
 '''
 
-ANSWERED = {"ints", "torch", "torch again", "misaligned", "beta", "ints again", "after set", "other again", "sqrt again",
-            "copy again", "scaled again", "convert again", "convert scaled", "convert scaled again",
+ANSWERED = {"ints", "torch", "torch again", "misaligned", "beta", "ints again", "after set", "other again",
+            "sqrt again", "copy again", "scaled again", "convert again", "convert scaled", "convert scaled again",
             "convert copy scalars again", "after tuning again"}
 # answered or not by where the slots fell: two sites of one kind share a slot when their objects' addresses hash
 # alike (1 in 16), so a site may or may not have kept its slot across another site's call

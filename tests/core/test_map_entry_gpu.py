@@ -1,0 +1,186 @@
+"""The element-wise calls' compiled entries (fastcall's map kinds, tuning.callpath.C_ENTRY_MAP) on the GPU:
+activation_backward, add_tensor, scale_tensor, op_tensor and transform_tensor called repeatedly through their
+public names with torch tensors and int pointers are answered from their call-site slots (map_stats' hits move)
+and compute, on fresh random inputs with the outputs poisoned first, what a float64 numpy reference computes
+(fp32 tolerances), on aligned and misaligned views (the vector and the scalar kernel), bitwise what the Python
+function behind each computes; a Set of a descriptor is seen by the next call; a call is captured into a CUDA
+graph and replayed on new inputs."""
+import numpy as np
+import pytest
+
+import pydnn as P
+from pydnn.ops import activation as A
+from pydnn.ops import tensor_ops as T
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+N = 4096
+TOL = dict(rtol=2e-6, atol=2e-6)  # float32 results of float32 inputs of magnitude ~1, references in float64
+
+
+@pytest.fixture
+def th():
+    h = P.create()
+    P.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    yield h
+    torch.cuda.synchronize()
+    P.destroy(h)
+
+
+def _lib():
+    from pydnn._build import fastcall
+
+    lib = fastcall._state.get("lib")
+    if lib is None or not hasattr(lib, "map_stats") or type(P.add_tensor).__name__ != "Entry":
+        pytest.skip("the compiled entries are not available here (no C compiler or Python headers)")
+    return lib
+
+
+def _desc(n=N):
+    d = P.create_tensor_descriptor()
+    P.set_tensor_nd_descriptor_ex(d, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, 1, 1, n])
+    return d
+
+
+def _np(t):
+    return t.detach().cpu().numpy().astype(np.float64)
+
+
+def _warm(th):
+    """Plans one element-wise call (the first compiled launch record sets the entries up)."""
+    d = _desc()
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    x, y = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
+    for _ in range(2):
+        P.activation_forward(th, a, 1.0, d, x, 0.0, d, y)
+    return _lib()
+
+
+def _kinds(th):
+    """name -> (args(bufs, alpha, beta), buffers read, the output's index, reference(inputs as float64, alpha, beta,
+    the output before))"""
+    d = _desc()
+    act = P.create_activation_descriptor()
+    P.set_activation_descriptor(act, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    op = P.create_op_tensor_descriptor()
+    P.set_op_tensor_descriptor(op, P.PYDNN_OP_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
+    return {
+        # dx = alpha * (x > 0 ? dy : 0) + beta * dx  (bufs: y, dy, x, dx)
+        "activation_backward": (lambda b, al, be: (th, act, al, d, b[0], d, b[1], d, b[2], be, d, b[3]), 4, 3,
+                                lambda v, al, be, o: al * np.where(v[2] > 0, v[1], 0.0) + be * o),
+        "add_tensor": (lambda b, al, be: (th, al, d, b[0], be, d, b[1]), 2, 1, lambda v, al, be, o: al * v[0] + be * o),
+        "scale_tensor": (lambda b, al, be: (th, d, b[0], al), 1, 0, lambda v, al, be, o: al * o),
+        "op_tensor": (lambda b, al, be: (th, op, al, d, b[0], 0.25, d, b[1], be, d, b[2]), 3, 2,
+                      lambda v, al, be, o: al * v[0] + 0.25 * v[1] + be * o),
+        "transform_tensor": (lambda b, al, be: (th, al, d, b[0], be, d, b[1]), 2, 1,
+                             lambda v, al, be, o: al * v[0] + be * o),
+    }
+
+
+def _python_fn(name):
+    return getattr(A if name == "activation_backward" else T, "_py_" + name)
+
+
+@pytest.mark.parametrize("name", ["activation_backward", "add_tensor", "scale_tensor", "op_tensor",
+                                  "transform_tensor"])
+def test_entries_results(th, name):
+    lib = _warm(th)
+    kinds = _kinds(th)
+    mk, nbuf, out, ref = kinds[name]
+    from pydnn._build import fastcall
+
+    k = fastcall.MAP_KINDS[name]
+    hits = 0
+    for rep in range(3):
+        for off in (0, 1):  # 16-byte aligned views, then misaligned ones (the scalar kernel)
+            for al, be in ((1.0, 0.0), (0.75, 1.5)):
+                for as_int in (False, True):
+                    full = [torch.randn(N + 3, device="cuda") for _ in range(nbuf)]
+                    views = [f[off:off + N] for f in full]
+                    before, around = views[out].clone(), full[out].clone()
+                    if be == 0.0 and name != "scale_tensor":  # (scale_tensor's y is its input)
+                        views[out].fill_(float("nan"))
+                    inputs = [_np(v) for v in views]
+                    o0 = _np(before)
+                    bufs = [v.data_ptr() for v in views] if as_int else views
+                    h0 = lib.map_stats()[0][k]
+                    getattr(P, name)(*mk(bufs, al, be))
+                    hits += lib.map_stats()[0][k] - h0
+                    torch.cuda.synchronize()
+                    got = _np(views[out])
+                    want = ref(inputs, al, be, o0)
+                    np.testing.assert_allclose(got, want, **TOL, err_msg=f"{name} rep {rep} off {off} {al} {be}")
+                    # bitwise the Python function's launch on the same inputs
+                    views[out].copy_(before)
+                    if be == 0.0 and name != "scale_tensor":
+                        views[out].fill_(float("nan"))
+                    _python_fn(name)(*mk(bufs, al, be))
+                    torch.cuda.synchronize()
+                    assert np.array_equal(_np(views[out]), got), (name, rep, off)
+                    outside = torch.cat([full[out][:off] != around[:off], full[out][off + N:] != around[off + N:]])
+                    assert not bool(outside.any()), (name, "written outside the descriptor's span")
+    # every call of the site after its first is answered from the slot (23 of 24); transform_tensor's alternate
+    # between its copy key (alpha 1, beta 0) and its scaled key, so each change of scalars declines once (12 of 24)
+    assert hits >= (12 if name == "transform_tensor" else 23), hits
+
+
+def test_entries_follow_sets_and_errors(th):
+    lib = _warm(th)
+    d = _desc()
+    op = P.create_op_tensor_descriptor()
+    P.set_op_tensor_descriptor(op, P.PYDNN_OP_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
+    a, b, c = (torch.randn(N, device="cuda") for _ in range(3))
+    for _ in range(3):
+        c.fill_(float("nan"))
+        P.op_tensor(th, op, 1.0, d, a, 1.0, d, b, 0.0, d, c)
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(_np(c), _np(a) + _np(b), **TOL)
+    P.set_op_tensor_descriptor(op, P.PYDNN_OP_TENSOR_MUL, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
+    for _ in range(3):  # the first after the Set plans (Python), then the slot again
+        c.fill_(float("nan"))
+        P.op_tensor(th, op, 1.0, d, a, 1.0, d, b, 0.0, d, c)
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(_np(c), _np(a) * _np(b), **TOL)
+    P.set_tensor_nd_descriptor_ex(d, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, 1, 1, N // 2])  # half of it
+    c.fill_(float("nan"))
+    for _ in range(2):
+        P.add_tensor(th, 1.0, d, a, 0.0, d, c)
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(_np(c[:N // 2]), _np(a[:N // 2]), **TOL)
+    assert np.isnan(_np(c[N // 2:])).all()  # nothing written past the new span
+    with pytest.raises(P.PydnnError) as e:
+        P.add_tensor(th, 1.0, d, a, 0.0, d, torch.empty(10, device="cuda"))
+    assert e.value.status == P.PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT and e.value.message.startswith("C: ")
+    with pytest.raises(P.PydnnError) as e:
+        P.add_tensor(th, 1.0, d, a.cpu(), 0.0, d, c)
+    assert e.value.status == P.PYDNN_STATUS_BAD_PARAM and "not CUDA memory" in e.value.message
+    assert P.get_last_error_string().startswith("add_tensor: ")
+    with pytest.raises(TypeError):
+        P.add_tensor(th, 1.0, d, a, 0.0, d, c, 1)
+    assert sum(lib.map_stats()[0]) > 0
+
+
+def test_entry_is_graph_capturable(th):
+    _warm(th)
+    d = _desc()
+    a, c = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        P.set_stream(th, stream.cuda_stream)
+        for _ in range(2):  # warm-up on the capture stream: the second call fills the slot
+            P.add_tensor(th, 2.0, d, a, 0.0, d, c)
+        stream.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            P.add_tensor(th, 2.0, d, a, 0.0, d, c)
+    torch.cuda.synchronize()
+    for _ in range(2):
+        a.normal_()
+        c.fill_(float("nan"))
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        np.testing.assert_allclose(_np(c), 2.0 * _np(a), **TOL)
+    P.set_stream(th, torch.cuda.current_stream().cuda_stream)
