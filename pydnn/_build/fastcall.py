@@ -495,27 +495,72 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
    torch tensor / cupy array covering its span) and launches with run_map's map_core; anything else declines to
    the Python function, which decides and reports errors as before. */
 #define MK_SLOTS 16
-#define MK_KINDS 5
+#define MK_KINDS 7
 typedef struct {
-    int nargs, ndesc, desc[5];
+    int nargs, ndesc, desc[5];    /* the handle is argument 0; desc: the other arguments the key names (held by
+                                     identity: descriptors, and softmax's algo / mode ints) */
     int alpha, alpha2, beta;      /* argument positions of float scalars; -1: the constant below */
     double c_alpha2, c_beta;
     int out, out_need, nin, in[3], in_need[3];
     int transform;                /* transform_tensor: the key's copy flag must be what the call makes it */
+    int core;                     /* 0: a map record (map_core); 1: a plan record (plan_core) */
 } map_kind_t;
+
+/* A planned launch of softmax / pooling (their _Plan: launches[0] when the pointers pass the plan's alignment,
+   else launches[-1]), as their _run patches and launches it: each pointer a multiple of the element size (else
+   declined: the Python function names it), the pointer fields at ptr_off (the call's pointers, then 0s), alpha
+   and beta as doubles, the flags word keeping flags_keep's bits and flag_beta when beta != 0. */
+typedef struct {
+    uint64_t func, argv, params;
+    uint32_t grid[3], block[3];
+} pk_launch_t;
+typedef struct {
+    pk_launch_t l[2];
+    uint32_t nl, align;           /* align 0: every pointer 16-byte aligned; 1: congruent with the second mod 16 */
+    uint32_t isz, nfield;
+    uint32_t ptr_off[4];
+    uint32_t alpha_off, beta_off, flags_off, flags_keep, flag_beta;
+} pk_rec_t;
+
+static int plan_core(uint64_t rec, uint64_t stream, const uint64_t *ptrs, int n, double alpha, double beta) {
+    const pk_rec_t *r = (const pk_rec_t *)(uintptr_t)rec;
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+        if (r->isz && ptrs[i] % r->isz) return -1;
+        ok &= r->align ? ((ptrs[i] - ptrs[1]) & 15) == 0 : (ptrs[i] & 15) == 0;
+    }
+    const pk_launch_t *L = &r->l[r->nl > 1 && !ok ? 1 : 0];
+    unsigned char *p = (unsigned char *)(uintptr_t)L->params;
+    for (uint32_t f = 0; f < r->nfield && f < 4; f++) {
+        uint64_t v = (int)f < n ? ptrs[f] : 0;
+        memcpy(p + r->ptr_off[f], &v, 8);
+    }
+    memcpy(p + r->alpha_off, &alpha, 8);
+    memcpy(p + r->beta_off, &beta, 8);
+    uint32_t fl;
+    memcpy(&fl, p + r->flags_off, 4);
+    fl = (fl & r->flags_keep) | (beta != 0.0 ? r->flag_beta : 0);
+    memcpy(p + r->flags_off, &fl, 4);
+    return cu_launch((void *)(uintptr_t)L->func, L->grid[0], L->grid[1], L->grid[2], L->block[0], L->block[1],
+                     L->block[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)L->argv, NULL);
+}
 
 static const map_kind_t mk_kinds[MK_KINDS] = {
     /* 0 activation_backward(h, a, alpha, yD, y, dyD, dy, xD, x, beta, dxD, dx): dx <- (dy, y, x); alpha2 unused (1) */
-    {12, 5, {1, 3, 5, 7, 10}, 2, -1, 9, 1.0, 0.0, 11, 0, 3, {6, 4, 8}, {1, 2, 3}, 0},
+    {12, 5, {1, 3, 5, 7, 10}, 2, -1, 9, 1.0, 0.0, 11, 0, 3, {6, 4, 8}, {1, 2, 3}, 0, 0},
     /* 1 add_tensor(h, alpha, aD, A, beta, cD, C): C <- A */
-    {7, 2, {2, 5}, 1, -1, 4, 0.0, 0.0, 6, 0, 1, {3}, {1}, 0},
+    {7, 2, {2, 5}, 1, -1, 4, 0.0, 0.0, 6, 0, 1, {3}, {1}, 0, 0},
     /* 2 scale_tensor(h, yD, y, alpha): y <- y, beta 0 */
-    {4, 1, {1}, 3, -1, -1, 0.0, 0.0, 2, 0, 1, {2}, {0}, 0},
+    {4, 1, {1}, 3, -1, -1, 0.0, 0.0, 2, 0, 1, {2}, {0}, 0, 0},
     /* 3 op_tensor(h, opD, alpha1, aD, A, alpha2, bD, B, beta, cD, C): C <- (A, B), or A alone (SQRT, NOT: the
        slot's input count) */
-    {11, 4, {1, 3, 6, 9}, 2, 5, 8, 0.0, 0.0, 10, 0, 2, {4, 7}, {1, 2}, 0},
+    {11, 4, {1, 3, 6, 9}, 2, 5, 8, 0.0, 0.0, 10, 0, 2, {4, 7}, {1, 2}, 0, 0},
     /* 4 transform_tensor(h, alpha, xD, x, beta, yD, y): y <- x */
-    {7, 2, {2, 5}, 1, -1, 4, 0.0, 0.0, 6, 0, 1, {3}, {1}, 1},
+    {7, 2, {2, 5}, 1, -1, 4, 0.0, 0.0, 6, 0, 1, {3}, {1}, 1, 0},
+    /* 5 softmax_forward(h, algo, mode, alpha, xD, x, beta, yD, y): y <- x (a plan) */
+    {9, 4, {1, 2, 4, 7}, 3, -1, 6, 0.0, 0.0, 8, 0, 1, {5}, {1}, 0, 1},
+    /* 6 pooling_forward(h, poolingD, alpha, xD, x, beta, yD, y): y <- x (a plan) */
+    {8, 3, {1, 3, 6}, 2, -1, 5, 0.0, 0.0, 7, 0, 1, {4}, {1}, 0, 1},
 };
 
 typedef struct {
@@ -575,8 +620,13 @@ static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
     if (!act_buffer(args[k->out], tt, s->need[k->out_need], &o)) goto out;
     for (int j = 0; j < s->nin; j++)
         if (!act_buffer(args[k->in[j]], tt, s->need[k->in_need[j]], &ins[j])) goto out;
-    mk_hits[kind]++;
-    done = map_core(s->crec, s->stream, o, ins, s->nin, al, a2, be) == 0;
+    if (k->core == 1) {
+        uint64_t ptrs[4] = {o, ins[0], ins[1], ins[2]};
+        done = plan_core(s->crec, s->stream, ptrs, 1 + s->nin, al, be) == 0;
+    } else {
+        done = map_core(s->crec, s->stream, o, ins, s->nin, al, a2, be) == 0;
+    }
+    mk_hits[kind] += done;
 out:
     Py_XDECREF(t);
     if (PyErr_Occurred()) PyErr_Clear();
@@ -982,7 +1032,48 @@ def activation_public(fallback):
 
 # The map kinds of the compiled entry (fastcall's mk_kinds, same order): the element-wise family's cached calls
 # besides activation_forward, answered in C from call-site slots the Python function's cached path fills (map_note)
-MAP_KINDS = {"activation_backward": 0, "add_tensor": 1, "scale_tensor": 2, "op_tensor": 3, "transform_tensor": 4}
+MAP_KINDS = {"activation_backward": 0, "add_tensor": 1, "scale_tensor": 2, "op_tensor": 3, "transform_tensor": 4,
+             "softmax_forward": 5, "pooling_forward": 6}
+
+
+class PkLaunch(ctypes.Structure):
+    _fields_ = [("func", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("params", ctypes.c_uint64),
+                ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3)]
+
+
+class PkRec(ctypes.Structure):
+    """pk_rec_t: a softmax / pooling plan's first and last launches, as their _run patches them (plan_core)."""
+    _fields_ = [("l", PkLaunch * 2), ("nl", ctypes.c_uint32), ("align", ctypes.c_uint32), ("isz", ctypes.c_uint32),
+                ("nfield", ctypes.c_uint32), ("ptr_off", ctypes.c_uint32 * 4), ("alpha_off", ctypes.c_uint32),
+                ("beta_off", ctypes.c_uint32), ("flags_off", ctypes.c_uint32), ("flags_keep", ctypes.c_uint32),
+                ("flag_beta", ctypes.c_uint32)]
+
+
+def plan_record(pl, ptr_offsets, params_type, flags_keep, flag_beta, congruent=False):
+    """Set pl.crec (the address of a PkRec kept in pl.crec_obj; 0 where a kernel is not a driver function: a CPU
+    handle's placeholders) for a plan whose launches' params are params_type structs with alpha / beta doubles
+    and a flags word; launches[0] serves pointers that pass the alignment (all 16-byte aligned, or congruent
+    with the second), launches[-1] the others."""
+    rec = None
+    try:
+        ends = (pl.launches[0], pl.launches[-1])
+        funcs = [int(lc.func) for lc in ends]
+    except (TypeError, ValueError):
+        funcs = None
+    if funcs is not None and len(ptr_offsets) <= 4:
+        rec = PkRec()
+        for i, (lc, f) in enumerate(zip(ends, funcs)):
+            L = rec.l[i]
+            L.func, L.argv, L.params = f, lc.argv[1], ctypes.addressof(lc.params)
+            L.grid[:], L.block[:] = list(lc.grid), list(lc.block)
+        rec.nl = 2 if len(pl.launches) > 1 else 1
+        rec.align, rec.isz, rec.nfield = int(congruent), pl.itemsize, len(ptr_offsets)
+        rec.ptr_off[:len(ptr_offsets)] = list(ptr_offsets)
+        rec.alpha_off, rec.beta_off = params_type.alpha.offset, params_type.beta.offset
+        rec.flags_off, rec.flags_keep, rec.flag_beta = params_type.flags.offset, flags_keep & 0xFFFFFFFF, flag_beta
+    pl.crec_obj = rec
+    pl.crec = ctypes.addressof(rec) if rec is not None else 0
+    return pl.crec
 
 
 def map_entries(fallbacks):

@@ -258,7 +258,7 @@ _fast_launch = None  # fastcall's pydnn_map_launch, set by _crec before any reco
 note = None
 _entries_tried = False
 # fastcall.MAP_KINDS' numbers, spelled here for the callers' note
-K_ACT_BWD, K_ADD, K_SCALE, K_OP, K_TRANSFORM = 0, 1, 2, 3, 4
+K_ACT_BWD, K_ADD, K_SCALE, K_OP, K_TRANSFORM, K_SOFTMAX, K_POOL = 0, 1, 2, 3, 4, 5, 6
 
 
 def _setup_entries():
@@ -276,6 +276,8 @@ def _setup_entries():
     import sys
 
     from . import activation as A
+    from . import pooling as PO
+    from . import softmax as S
     from . import tensor_ops as T
 
     try:
@@ -283,7 +285,8 @@ def _setup_entries():
             A._entry_setup()
         if A._c_entry is None:
             return
-        mods = {"activation_backward": A, "add_tensor": T, "scale_tensor": T, "op_tensor": T, "transform_tensor": T}
+        mods = {"activation_backward": A, "add_tensor": T, "scale_tensor": T, "op_tensor": T, "transform_tensor": T,
+                "softmax_forward": S, "pooling_forward": PO}
         got = fastcall.map_entries({n: getattr(m, "_py_" + n) for n, m in mods.items()})
     except Exception:  # noqa: BLE001 - an optimisation: the Python functions answer
         got = None

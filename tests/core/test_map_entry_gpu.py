@@ -184,3 +184,83 @@ def test_entry_is_graph_capturable(th):
         torch.cuda.synchronize()
         np.testing.assert_allclose(_np(c), 2.0 * _np(a), **TOL)
     P.set_stream(th, torch.cuda.current_stream().cuda_stream)
+
+
+def _softmax_ref(x, al, be, o):
+    """Channel softmax of an NCHW (1, C, 1, 1) tensor: one row of C, in float64."""
+    e = np.exp(x - x.max())
+    return al * e / e.sum() + be * o
+
+
+def _maxpool_ref(x, h, w, al, be, o):
+    """2x2 max pooling, stride 2, of an (h, w) plane, in float64."""
+    return al * x.reshape(h // 2, 2, w // 2, 2).max(axis=(1, 3)).reshape(-1) + be * o
+
+
+@pytest.mark.parametrize("name", ["softmax_forward", "pooling_forward"])
+def test_plan_entries_results(th, name):
+    """softmax_forward / pooling_forward through their compiled entries (plan_core: the plan's first launch for
+    16-byte aligned pointers, its last for the others; a pointer that is not a multiple of the element size is
+    the Python function's to refuse)."""
+    from pydnn._build import fastcall
+
+    lib = _warm(th)
+    k = fastcall.MAP_KINDS[name]
+    if name == "softmax_forward":
+        C = 1000
+        xd = P.create_tensor_descriptor()
+        P.set_tensor_nd_descriptor_ex(xd, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, C, 1, 1])
+        yd, nx, ny = xd, C, C
+        mk = lambda b, al, be: (th, P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL, al, xd, b[0], be, yd,  # noqa: E731
+                                b[1])
+        ref = lambda x, al, be, o: _softmax_ref(x, al, be, o)  # noqa: E731
+        tol = dict(rtol=1e-5, atol=1e-7)  # exp and a 1000-term sum in float32
+    else:
+        hh, ww = 32, 64
+        pd = P.create_pooling_descriptor()
+        P.set_pooling2d_descriptor(pd, P.PYDNN_POOLING_MAX, P.PYDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2)
+        xd, yd = P.create_tensor_descriptor(), P.create_tensor_descriptor()
+        P.set_tensor_nd_descriptor_ex(xd, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, 1, hh, ww])
+        P.set_tensor_nd_descriptor_ex(yd, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, 1, hh // 2, ww // 2])
+        nx, ny = hh * ww, hh * ww // 4
+        mk = lambda b, al, be: (th, pd, al, xd, b[0], be, yd, b[1])  # noqa: E731
+        ref = lambda x, al, be, o: _maxpool_ref(x, hh, ww, al, be, o)  # noqa: E731
+        tol = TOL
+    hits = 0
+    for rep in range(3):
+        for off in (0, 1):  # 16-byte aligned, then 4-byte aligned pointers
+            for al, be in ((1.0, 0.0), (0.5, 2.0)):
+                for as_int in (False, True):
+                    xf, yf = torch.randn(nx + 3, device="cuda"), torch.randn(ny + 3, device="cuda")
+                    x, y = xf[off:off + nx], yf[off:off + ny]
+                    around = yf.clone()
+                    if be == 0.0:
+                        y.fill_(float("nan"))
+                    before = _np(around[off:off + ny])
+                    bufs = (x.data_ptr(), y.data_ptr()) if as_int else (x, y)
+                    h0 = lib.map_stats()[0][k]
+                    getattr(P, name)(*mk(bufs, al, be))
+                    hits += lib.map_stats()[0][k] - h0
+                    torch.cuda.synchronize()
+                    got = _np(y)
+                    np.testing.assert_allclose(got, ref(_np(x), al, be, before), **tol,
+                                               err_msg=f"{name} rep {rep} off {off} {al} {be}")
+                    outside = torch.cat([yf[:off] != around[:off], yf[off + ny:] != around[off + ny:]])
+                    assert not bool(outside.any()), (name, "written outside the descriptor's span")
+                    y.copy_(around[off:off + ny])
+                    if be == 0.0:
+                        y.fill_(float("nan"))
+                    _python_fn_plan(name)(*mk(bufs, al, be))
+                    torch.cuda.synchronize()
+                    assert np.array_equal(_np(y), got), (name, rep, off)
+    assert hits >= 23, hits
+    with pytest.raises(P.PydnnError) as e:  # not a multiple of the element size: declined, refused in Python
+        getattr(P, name)(*mk((x.data_ptr() + 2, y.data_ptr()), 1.0, 0.0))
+    assert e.value.status == P.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
+
+
+def _python_fn_plan(name):
+    from pydnn.ops import pooling as PO
+    from pydnn.ops import softmax as S
+
+    return getattr(S if name == "softmax_forward" else PO, "_py_" + name)
