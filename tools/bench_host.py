@@ -515,14 +515,17 @@ def run_ab(calls, rounds=5):
 
 
 def run_ab_map(calls, rounds=5):
-    """The element-wise calls' compiled entries (tuning.callpath.C_ENTRY_MAP: activation_backward, add_tensor,
-    scale_tensor, op_tensor, transform_tensor) against the Python functions behind them and PyTorch's op, int
-    pointers and torch tensors, 1 element, in alternating rounds on one handle as run_ab (each form a
-    functools.partial: no benchmark frame timed). Medians (min) over rounds, queued and host only."""
+    """The compiled entries of session 33 (tuning.callpath.C_ENTRY_MAP: activation_backward, add_tensor,
+    scale_tensor, op_tensor, transform_tensor on 1 element, softmax_forward 1x4, pooling_forward 2x2) against the
+    Python functions behind them and PyTorch's op, int pointers and torch tensors, in alternating rounds on one
+    handle as run_ab (each form a functools.partial: no benchmark frame timed). Medians (min) over rounds, queued
+    and host only."""
     import torch
 
     from pydnn._build import fastcall
     from pydnn.ops import activation as A
+    from pydnn.ops import pooling as PO
+    from pydnn.ops import softmax as S
     from pydnn.ops import tensor_ops as T
 
     h = pydnn.create()
@@ -533,26 +536,37 @@ def run_ab_map(calls, rounds=5):
     P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
     op = P.create_op_tensor_descriptor()
     P.set_op_tensor_descriptor(op, P.PYDNN_OP_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
-    t = [torch.randn(1, device="cuda") for _ in range(4)]
+    t = [torch.randn(4, device="cuda") for _ in range(4)]
     ip = [x.data_ptr() for x in t]
+    d4 = _td((1, 4, 1, 1))  # softmax over 4 channels
+    px, py = _td((1, 1, 2, 2)), _td((1, 1, 1, 1))  # max pooling 2x2
+    pd = P.create_pooling_descriptor()
+    P.set_pooling2d_descriptor(pd, P.PYDNN_POOLING_MAX, P.PYDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2)
+    sm = (P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL)
     calls_of = {
         "activation_backward": lambda b: (h, a, 1.0, d, b[0], d, b[1], d, b[2], 0.0, d, b[3]),
         "add_tensor": lambda b: (h, 1.0, d, b[0], 1.0, d, b[1]),
         "scale_tensor": lambda b: (h, d, b[0], 2.0),
         "op_tensor": lambda b: (h, op, 1.0, d, b[0], 1.0, d, b[1], 0.0, d, b[2]),
         "transform_tensor": lambda b: (h, 1.0, d, b[0], 0.0, d, b[1]),
+        "softmax_forward": lambda b: (h, *sm, 1.0, d4, b[0], 0.0, d4, b[1]),
+        "pooling_forward": lambda b: (h, pd, 1.0, px, b[0], 0.0, py, b[1]),
     }
-    x = t[0]
+    x = t[0][:1]
+    x4, x22 = t[0], t[0].view(1, 1, 2, 2)
     torch_of = {"activation_backward": functools.partial(torch.ops.aten.threshold_backward, x, x, 0.0),
                 "add_tensor": functools.partial(x.add_, x), "scale_tensor": functools.partial(x.mul_, 2.0),
-                "op_tensor": functools.partial(torch.add, x, x), "transform_tensor": functools.partial(x.copy_, x)}
+                "op_tensor": functools.partial(torch.add, x, x), "transform_tensor": functools.partial(x.copy_, x),
+                "softmax_forward": functools.partial(torch.softmax, x4, 0),
+                "pooling_forward": functools.partial(torch.nn.functional.max_pool2d, x22, 2)}
     for name, mk in calls_of.items():  # plans; the first compiled record sets the entries up; fills the slots
         for b in (ip, t):
             for _ in range(3):
                 getattr(P, name)(*mk(b))
     forms = {}
     for name, mk in calls_of.items():
-        py = getattr(A if name == "activation_backward" else T, "_py_" + name)
+        mod = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO}.get(name, T)
+        py = getattr(mod, "_py_" + name)
         for kind, b in (("int", ip), ("torch", t)):
             forms[f"{name} entry, {kind}"] = functools.partial(getattr(P, name), *mk(b))
             forms[f"{name} Python function, {kind}"] = functools.partial(py, *mk(b))
