@@ -575,6 +575,9 @@ static int mk_on;                 /* map_setup done (tuning.callpath.C_ENTRY_MAP
 /* what the Python function noted on its cached path (map_note), for the entry that called it */
 static PyObject *mk_noted;
 static int mk_noted_kind = -1, mk_noted_depth = -1, mk_noted_nin, mk_noted_copy, mk_noted_same, mk_depth;
+/* the thread that noted: another thread's Python function may run (and note) while this one's runs - the GIL is
+   released between bytecodes - and its record must not be taken for this call's arguments */
+static PyThreadState *mk_noted_ts;
 
 static unsigned mk_index(const map_kind_t *k, PyObject *const *args) {
     uintptr_t x = (uintptr_t)args[0] >> 4;
@@ -640,7 +643,8 @@ static void mk_fill(int kind, PyObject *const *args, Py_ssize_t nargs, uint64_t 
     PyObject *rec = mk_noted, *crec = NULL, *need = NULL, *st = NULL;
     mk_noted = NULL;
     if (!rec) return;
-    if (mk_noted_kind != kind || mk_noted_depth != mk_depth || nargs != k->nargs || !act_gen ||
+    if (mk_noted_kind != kind || mk_noted_depth != mk_depth || mk_noted_ts != PyThreadState_Get() ||
+        nargs != k->nargs || !act_gen ||
         __atomic_load_n(act_gen, __ATOMIC_ACQUIRE) != gen0 || mk_noted_nin < 0 || mk_noted_nin > k->nin)
         goto out;
     mk_slot_t *s = &mk_slots[kind][mk_index(k, args)];
@@ -694,6 +698,7 @@ static PyObject *fc_map_note(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_INCREF(args[1]);
     Py_XSETREF(mk_noted, args[1]);
     mk_noted_kind = (int)kind; mk_noted_depth = mk_depth; mk_noted_nin = (int)nin;
+    mk_noted_ts = PyThreadState_Get();
     mk_noted_copy = copy; mk_noted_same = same;
     Py_RETURN_NONE;
 }
