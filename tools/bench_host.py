@@ -516,7 +516,8 @@ def run_ab(calls, rounds=5):
 
 def run_ab_map(calls, rounds=5):
     """The compiled entries of session 33 (tuning.callpath.C_ENTRY_MAP: activation_backward, add_tensor,
-    scale_tensor, op_tensor, transform_tensor on 1 element, softmax_forward 1x4, pooling_forward 2x2) against the
+    scale_tensor, op_tensor, transform_tensor on 1 element, softmax_forward 1x4, pooling_forward 2x2, reduce_tensor
+    4 -> 1) against the
     Python functions behind them and PyTorch's op, int pointers and torch tensors, in alternating rounds on one
     handle as run_ab (each form a functools.partial: no benchmark frame timed). Medians (min) over rounds, queued
     and host only."""
@@ -525,6 +526,7 @@ def run_ab_map(calls, rounds=5):
     from pydnn._build import fastcall
     from pydnn.ops import activation as A
     from pydnn.ops import pooling as PO
+    from pydnn.ops import reduce as R
     from pydnn.ops import softmax as S
     from pydnn.ops import tensor_ops as T
 
@@ -543,6 +545,9 @@ def run_ab_map(calls, rounds=5):
     pd = P.create_pooling_descriptor()
     P.set_pooling2d_descriptor(pd, P.PYDNN_POOLING_MAX, P.PYDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2)
     sm = (P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL)
+    rd = P.create_reduce_tensor_descriptor()
+    P.set_reduce_tensor_descriptor(rd, P.PYDNN_REDUCE_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN,
+                                   P.PYDNN_REDUCE_TENSOR_NO_INDICES, P.PYDNN_32BIT_INDICES)
     calls_of = {
         "activation_backward": lambda b: (h, a, 1.0, d, b[0], d, b[1], d, b[2], 0.0, d, b[3]),
         "add_tensor": lambda b: (h, 1.0, d, b[0], 1.0, d, b[1]),
@@ -551,6 +556,7 @@ def run_ab_map(calls, rounds=5):
         "transform_tensor": lambda b: (h, 1.0, d, b[0], 0.0, d, b[1]),
         "softmax_forward": lambda b: (h, *sm, 1.0, d4, b[0], 0.0, d4, b[1]),
         "pooling_forward": lambda b: (h, pd, 1.0, px, b[0], 0.0, py, b[1]),
+        "reduce_tensor": lambda b: (h, rd, None, 0, None, 0, 1.0, d4, b[0], 0.0, d, b[1]),  # (no workspace)
     }
     x = t[0][:1]
     x4, x22 = t[0], t[0].view(1, 1, 2, 2)
@@ -558,14 +564,15 @@ def run_ab_map(calls, rounds=5):
                 "add_tensor": functools.partial(x.add_, x), "scale_tensor": functools.partial(x.mul_, 2.0),
                 "op_tensor": functools.partial(torch.add, x, x), "transform_tensor": functools.partial(x.copy_, x),
                 "softmax_forward": functools.partial(torch.softmax, x4, 0),
-                "pooling_forward": functools.partial(torch.nn.functional.max_pool2d, x22, 2)}
+                "pooling_forward": functools.partial(torch.nn.functional.max_pool2d, x22, 2),
+                "reduce_tensor": functools.partial(torch.sum, x4)}
     for name, mk in calls_of.items():  # plans; the first compiled record sets the entries up; fills the slots
         for b in (ip, t):
             for _ in range(3):
                 getattr(P, name)(*mk(b))
     forms = {}
     for name, mk in calls_of.items():
-        mod = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO}.get(name, T)
+        mod = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R}.get(name, T)
         py = getattr(mod, "_py_" + name)
         for kind, b in (("int", ip), ("torch", t)):
             forms[f"{name} entry, {kind}"] = functools.partial(getattr(P, name), *mk(b))

@@ -495,7 +495,7 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
    torch tensor / cupy array covering its span) and launches with run_map's map_core; anything else declines to
    the Python function, which decides and reports errors as before. */
 #define MK_SLOTS 16
-#define MK_KINDS 7
+#define MK_KINDS 8
 typedef struct {
     int nargs, ndesc, desc[5];    /* the handle is argument 0; desc: the other arguments the key names (held by
                                      identity: descriptors, and softmax's algo / mode ints) */
@@ -503,7 +503,8 @@ typedef struct {
     double c_alpha2, c_beta;
     int out, out_need, nin, in[3], in_need[3];
     int transform;                /* transform_tensor: the key's copy flag must be what the call makes it */
-    int core;                     /* 0: a map record (map_core); 1: a plan record (plan_core) */
+    int core;                     /* 0: a map record (map_core); 1: a plan record (plan_core); 2: reduce's plan
+                                     record (plan_core after mk_reduce_extra) */
 } map_kind_t;
 
 /* A planned launch of softmax / pooling (their _Plan: launches[0] when the pointers pass the plan's alignment,
@@ -511,15 +512,18 @@ typedef struct {
    declined: the Python function names it), the pointer fields at ptr_off (the call's pointers, then 0s), alpha
    and beta as doubles, the flags word keeping flags_keep's bits and flag_beta when beta != 0. */
 typedef struct {
-    uint64_t func, argv, params;
-    uint32_t grid[3], block[3];
+    uint64_t func, argv, params, finish;  /* finish: a second launch with the same parameters (reduce's), or 0 */
+    uint32_t grid[3], block[3], fgrid[3], fblock[3];
 } pk_launch_t;
 typedef struct {
     pk_launch_t l[2];
-    uint32_t nl, align;           /* align 0: every pointer 16-byte aligned; 1: congruent with the second mod 16 */
-    uint32_t isz, nfield;
+    uint32_t nl, align;           /* align 0: every pointer 16-byte aligned; 1: congruent with the second mod 16;
+                                     2: the second (the input) 16-byte aligned (reduce's align_mask) */
+    uint32_t isz, nfield;         /* isz 0: no element alignment asked */
     uint32_t ptr_off[4];
-    uint32_t alpha_off, beta_off, flags_off, flags_keep, flag_beta;
+    uint32_t alpha_off, beta_off, flags_off, flags_keep, flag_beta, flags_or;
+    uint64_t ws_need;             /* reduce: the workspace bytes the plan needs (0: none; its pointer is 0) */
+    uint32_t ws_align, decline;   /* decline: the Python function's always (reduce with indices) */
 } pk_rec_t;
 
 static int plan_core(uint64_t rec, uint64_t stream, const uint64_t *ptrs, int n, double alpha, double beta) {
@@ -527,7 +531,8 @@ static int plan_core(uint64_t rec, uint64_t stream, const uint64_t *ptrs, int n,
     int ok = 1;
     for (int i = 0; i < n; i++) {
         if (r->isz && ptrs[i] % r->isz) return -1;
-        ok &= r->align ? ((ptrs[i] - ptrs[1]) & 15) == 0 : (ptrs[i] & 15) == 0;
+        if (r->align == 2) ok &= i != 1 || (ptrs[i] & 15) == 0;
+        else ok &= r->align ? ((ptrs[i] - ptrs[1]) & 15) == 0 : (ptrs[i] & 15) == 0;
     }
     const pk_launch_t *L = &r->l[r->nl > 1 && !ok ? 1 : 0];
     unsigned char *p = (unsigned char *)(uintptr_t)L->params;
@@ -539,10 +544,14 @@ static int plan_core(uint64_t rec, uint64_t stream, const uint64_t *ptrs, int n,
     memcpy(p + r->beta_off, &beta, 8);
     uint32_t fl;
     memcpy(&fl, p + r->flags_off, 4);
-    fl = (fl & r->flags_keep) | (beta != 0.0 ? r->flag_beta : 0);
+    fl = (fl & r->flags_keep) | (beta != 0.0 ? r->flag_beta : 0) | r->flags_or;
     memcpy(p + r->flags_off, &fl, 4);
-    return cu_launch((void *)(uintptr_t)L->func, L->grid[0], L->grid[1], L->grid[2], L->block[0], L->block[1],
-                     L->block[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)L->argv, NULL);
+    int err = cu_launch((void *)(uintptr_t)L->func, L->grid[0], L->grid[1], L->grid[2], L->block[0], L->block[1],
+                        L->block[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)L->argv, NULL);
+    if (err || !L->finish) return err;
+    /* a failed second launch: declined, and the Python function launches both again and reports the error */
+    return cu_launch((void *)(uintptr_t)L->finish, L->fgrid[0], L->fgrid[1], L->fgrid[2], L->fblock[0], L->fblock[1],
+                     L->fblock[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)L->argv, NULL);
 }
 
 static const map_kind_t mk_kinds[MK_KINDS] = {
@@ -561,6 +570,9 @@ static const map_kind_t mk_kinds[MK_KINDS] = {
     {9, 4, {1, 2, 4, 7}, 3, -1, 6, 0.0, 0.0, 8, 0, 1, {5}, {1}, 0, 1},
     /* 6 pooling_forward(h, poolingD, alpha, xD, x, beta, yD, y): y <- x (a plan) */
     {8, 3, {1, 3, 6}, 2, -1, 5, 0.0, 0.0, 7, 0, 1, {4}, {1}, 0, 1},
+    /* 7 reduce_tensor(h, reduceD, indices, indicesSize, workspace, workspaceSize, alpha, aD, A, beta, cD, C): C <- A
+       (a plan; its workspace and sizes checked in mk_reduce_extra) */
+    {12, 3, {1, 7, 10}, 6, -1, 9, 0.0, 0.0, 11, 0, 1, {8}, {1}, 0, 2},
 };
 
 typedef struct {
@@ -602,6 +614,20 @@ static int mk_float(PyObject *const *args, int pos, double c, double *v) {
     return 1;
 }
 
+/* reduce_tensor's arguments besides its tensors, as its _buffers checks them: both sizes plain ints >= 0, no
+   indices wanted (else the Python function's), the workspace (when the plan has one) at least its bytes by size
+   and by buffer and WS_ALIGN-aligned; 1 with its address in *ws */
+static int mk_reduce_extra(PyObject *const *args, PyObject *tt, const pk_rec_t *r, uint64_t *ws) {
+    if (r->decline || !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[5])) return 0;
+    long long isz = PyLong_AsLongLong(args[3]), wsz = PyLong_AsLongLong(args[5]);
+    if (isz < 0 || wsz < 0) return 0; /* (an overflow: -1 and an exception, cleared by the caller) */
+    *ws = 0;
+    if (!r->ws_need) return 1;
+    if ((unsigned long long)wsz < r->ws_need) return 0;
+    if (!act_buffer(args[4], tt, (long long)r->ws_need, ws)) return 0;
+    return r->ws_align ? *ws % r->ws_align == 0 : 1;
+}
+
 /* 1: answered (launched); 0: declined, no exception set */
 static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
     const map_kind_t *k = &mk_kinds[kind];
@@ -626,6 +652,10 @@ static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
     if (k->core == 1) {
         uint64_t ptrs[4] = {o, ins[0], ins[1], ins[2]};
         done = plan_core(s->crec, s->stream, ptrs, 1 + s->nin, al, be) == 0;
+    } else if (k->core == 2) {
+        uint64_t ptrs[4] = {o, ins[0], 0, 0}; /* out, in_, indices (none), workspace */
+        if (mk_reduce_extra(args, tt, (const pk_rec_t *)(uintptr_t)s->crec, &ptrs[3]))
+            done = plan_core(s->crec, s->stream, ptrs, 4, al, be) == 0;
     } else {
         done = map_core(s->crec, s->stream, o, ins, s->nin, al, a2, be) == 0;
     }
@@ -1038,41 +1068,57 @@ def activation_public(fallback):
 # The map kinds of the compiled entry (fastcall's mk_kinds, same order): the element-wise family's cached calls
 # besides activation_forward, answered in C from call-site slots the Python function's cached path fills (map_note)
 MAP_KINDS = {"activation_backward": 0, "add_tensor": 1, "scale_tensor": 2, "op_tensor": 3, "transform_tensor": 4,
-             "softmax_forward": 5, "pooling_forward": 6}
+             "softmax_forward": 5, "pooling_forward": 6, "reduce_tensor": 7}
 
 
 class PkLaunch(ctypes.Structure):
     _fields_ = [("func", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("params", ctypes.c_uint64),
-                ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3)]
+                ("finish", ctypes.c_uint64), ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3),
+                ("fgrid", ctypes.c_uint32 * 3), ("fblock", ctypes.c_uint32 * 3)]
 
 
 class PkRec(ctypes.Structure):
-    """pk_rec_t: a softmax / pooling plan's first and last launches, as their _run patches them (plan_core)."""
+    """pk_rec_t: a softmax / pooling / reduce plan's first and last launches, as their _run patches them
+    (plan_core)."""
     _fields_ = [("l", PkLaunch * 2), ("nl", ctypes.c_uint32), ("align", ctypes.c_uint32), ("isz", ctypes.c_uint32),
                 ("nfield", ctypes.c_uint32), ("ptr_off", ctypes.c_uint32 * 4), ("alpha_off", ctypes.c_uint32),
                 ("beta_off", ctypes.c_uint32), ("flags_off", ctypes.c_uint32), ("flags_keep", ctypes.c_uint32),
-                ("flag_beta", ctypes.c_uint32)]
+                ("flag_beta", ctypes.c_uint32), ("flags_or", ctypes.c_uint32), ("ws_need", ctypes.c_uint64),
+                ("ws_align", ctypes.c_uint32), ("decline", ctypes.c_uint32)]
 
 
-def plan_record(pl, ptr_offsets, params_type, flags_keep, flag_beta, congruent=False):
+def plan_record(pl, ptr_offsets, params_type, flags_keep, flag_beta, congruent=False, isz=None, align=None,
+                finish=None, flags_or=0, ws_need=0, ws_align=0, decline=False):
     """Set pl.crec (the address of a PkRec kept in pl.crec_obj; 0 where a kernel is not a driver function: a CPU
     handle's placeholders) for a plan whose launches' params are params_type structs with alpha / beta doubles
     and a flags word; launches[0] serves pointers that pass the alignment (all 16-byte aligned, or congruent
-    with the second), launches[-1] the others."""
+    with the second; align=2: the second alone), launches[-1] the others. isz: the element size every pointer
+    must be a multiple of (pl.itemsize unless given; 0: none). finish(launch) -> (func, grid, block) of a second
+    launch with the same parameters when that launch has one, else None (reduce's segmented rows). flags_or: bits
+    the call sets in the flags word; ws_need / ws_align / decline: reduce's workspace, its alignment, and
+    "never in C" (indices)."""
     rec = None
     try:
         ends = (pl.launches[0], pl.launches[-1])
         funcs = [int(lc.func) for lc in ends]
+        fins = [finish(lc) if finish is not None else None for lc in ends]
+        fins = [None if f is None else (int(f[0]),) + tuple(f[1:]) for f in fins]
     except (TypeError, ValueError):
         funcs = None
     if funcs is not None and len(ptr_offsets) <= 4:
         rec = PkRec()
-        for i, (lc, f) in enumerate(zip(ends, funcs)):
+        for i, (lc, f, fin) in enumerate(zip(ends, funcs, fins)):
             L = rec.l[i]
             L.func, L.argv, L.params = f, lc.argv[1], ctypes.addressof(lc.params)
             L.grid[:], L.block[:] = list(lc.grid), list(lc.block)
+            if fin is not None:
+                L.finish = fin[0]
+                L.fgrid[:], L.fblock[:] = list(fin[1]), list(fin[2])
         rec.nl = 2 if len(pl.launches) > 1 else 1
-        rec.align, rec.isz, rec.nfield = int(congruent), pl.itemsize, len(ptr_offsets)
+        rec.align = int(congruent) if align is None else align
+        rec.isz = pl.itemsize if isz is None else isz
+        rec.nfield = len(ptr_offsets)
+        rec.flags_or, rec.ws_need, rec.ws_align, rec.decline = flags_or, ws_need, ws_align, int(decline)
         rec.ptr_off[:len(ptr_offsets)] = list(ptr_offsets)
         rec.alpha_off, rec.beta_off = params_type.alpha.offset, params_type.beta.offset
         rec.flags_off, rec.flags_keep, rec.flag_beta = params_type.flags.offset, flags_keep & 0xFFFFFFFF, flag_beta

@@ -797,6 +797,8 @@ def _prepare(handle, key, build, buffers):
             element_aligned(device_ptr(buf, name, need), name, pl.itemsize)
         for lc in pl.launches:
             lc.func = handle.function(pl.unit, lc.expr)
+        if not ew._entries_tried:  # the compiled entries, where no element-wise record set them up yet
+            ew.plan_entries(pl.launches[0].func)
         if key is not None:
             handle.remember(key, pl)
     return pl

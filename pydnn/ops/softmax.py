@@ -444,6 +444,8 @@ def _get_plan(handle, backward, algo, mode, named, out_name, order, buffers):
         pl = _plan(handle, backward, algo, mode, descs)
         for lc in pl.launches:
             lc.func = handle.function(lc.unit or pl.unit, lc.expr)
+        if not ew._entries_tried:  # the compiled entries, where no element-wise record set them up yet
+            ew.plan_entries(pl.launches[0].func)
         if key is not None:
             handle.remember(key, pl)
     return pl

@@ -77,10 +77,12 @@ assert all(type(getattr(P, n)).__name__ == "Entry" for n in K), "the entries wer
 out = {}
 
 from pydnn.ops import pooling as PO
+from pydnn.ops import reduce as R
 from pydnn.ops import softmax as S
 
-MODS = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO}
-CAPTURE = {"softmax_forward": ctypes.sizeof(S.SoftmaxParams), "pooling_forward": ctypes.sizeof(PO.PoolParams)}
+MODS = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R}
+CAPTURE = {"softmax_forward": ctypes.sizeof(S.SoftmaxParams), "pooling_forward": ctypes.sizeof(PO.PoolParams),
+           "reduce_tensor": ctypes.sizeof(R.ReduceParams)}
 
 def py_of(name):
     return getattr(MODS.get(name, T), "_py_" + name)
@@ -106,9 +108,9 @@ def both(label, name, args, **kw):
     out[name + ": " + label] = [hit, r1, r2]
 
 OUT = {"activation_backward": 3, "add_tensor": 1, "scale_tensor": 0, "op_tensor": 2, "transform_tensor": 1,
-       "softmax_forward": 1, "pooling_forward": 1}
-# the buffers' spans where they are not 4 * N bytes (pooling's y: its pooled dims)
-SPAN = {"pooling_forward": {1: 4 * N // 4}}
+       "softmax_forward": 1, "pooling_forward": 1, "reduce_tensor": 1}
+# the buffers' spans where they are not 4 * N bytes (pooling's y: its pooled dims; reduce's C: one element)
+SPAN = {"pooling_forward": {1: 4 * N // 4}, "reduce_tensor": {1: 4}}
 
 def forms(name, make, desc=None):
     """make(buffers list, alpha, beta) -> the call's arguments; buffers are p's addresses or stand-ins"""
@@ -179,7 +181,13 @@ SM = (P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL)
 mk["softmax_forward"] = lambda b, al, be: (h, *SM, al, ds, b[0], be, ds, b[1])
 mk2["softmax_forward"] = lambda b, al, be: (h, *SM, al, ds, b[0], be, ds2, b[1])
 mk["pooling_forward"] = lambda b, al, be: (h, pd, al, px, b[0], be, py, b[1])
-descs = {"softmax_forward": (ds, [1, N, 1, 1]), "pooling_forward": (px, [1, 1, 20, N // 20])}
+rd = P.create_reduce_tensor_descriptor()
+P.set_reduce_tensor_descriptor(rd, P.PYDNN_REDUCE_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN,
+                               P.PYDNN_REDUCE_TENSOR_NO_INDICES, P.PYDNN_32BIT_INDICES)
+ra, rc = B._td((1, N, 1, 1)), B._td((1, 1, 1, 1))  # a sum of N: no workspace
+mk["reduce_tensor"] = lambda b, al, be: (h, rd, None, 0, None, 0, al, ra, b[0], be, rc, b[1])
+descs = {"softmax_forward": (ds, [1, N, 1, 1]), "pooling_forward": (px, [1, 1, 20, N // 20]),
+         "reduce_tensor": (ra, [1, N, 1, 1])}
 for name, make in mk.items():
     forms(name, make, descs.get(name))
     if name in mk2:
@@ -195,6 +203,24 @@ un = lambda b, al, be: (h, sq, al, d, b[0], 1.0, None, None, be, d, b[2])
 both("sqrt first", "op_tensor", un(p, 1.0, 0.0))
 both("sqrt again", "op_tensor", un(p, 1.0, 0.0))
 both("sqrt B given", "op_tensor", (h, sq, 1.0, d, p[0], 1.0, d, p[1], 0.0, d, p[2]))
+# reduce with a workspace (a sum of 65536: segments, and the finish pass as a second launch); reduce's sizes and
+# workspace checked in C as its _buffers checks them, anything else declined
+wa = B._td((1, 65536, 1, 1))
+P.get_reduction_workspace_size(h, rd, wa, rc)
+WS = P.get_reduction_workspace_size(h, rd, wa, rc)
+ax, ws = addr(4 * 65536)[0], addr(256)[0]
+red = lambda A_, ws_, wsz, C_=p[1]: (h, rd, None, 0, ws_, wsz, 1.0, wa, A_, 0.0, rc, C_)
+both("ws first", "reduce_tensor", red(ax, ws, WS))
+both("ws ints", "reduce_tensor", red(ax, ws, WS))
+both("ws torch", "reduce_tensor", red(TL(ax, 4 * 65536), TL(ws, WS), WS, TL(p[1], 4)))
+both("ws larger size", "reduce_tensor", red(ax, ws, WS + 100))
+both("ws size short", "reduce_tensor", red(ax, ws, WS - 8))
+both("ws buffer short", "reduce_tensor", red(ax, TL(ws, WS - 8), WS))
+both("ws misaligned", "reduce_tensor", red(ax, ws + 4, WS))
+both("ws NULL", "reduce_tensor", red(ax, 0, WS))
+both("ws size a bool", "reduce_tensor", red(ax, ws, True))  # (not an int to C: the Python function's _size)
+both("ws negative size", "reduce_tensor", red(ax, ws, -1))
+both("ws again", "reduce_tensor", red(ax, ws, WS))
 # transform: alpha 1 / beta 0 between equal types is the copy key; other scalars the scaled key; a conversion
 tr = mk["transform_tensor"]
 both("copy", "transform_tensor", tr(p, 1.0, 0.0))
@@ -254,14 +280,19 @@ print(json.dumps(out))
 '''
 
 ANSWERED = {"ints", "torch", "torch again", "misaligned", "beta", "ints again", "after set", "other again",
-            "sqrt again", "copy again", "instance again", "log again", "scaled again", "convert again", "convert scaled", "convert scaled again",
+            "sqrt again", "copy again", "instance again", "log again", "ws ints", "ws torch", "ws larger size",
+            "ws again", "scaled again", "convert again", "convert scaled", "convert scaled again",
             "convert copy scalars again", "after tuning again"}
 # answered or not by where the slots fell: two sites of one kind share a slot when their objects' addresses hash
 # alike (1 in 16), so a site may or may not have kept its slot across another site's call
 EITHER = {"back to the first", "copy"}
 ERRORS = {"torch output too small": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT",
           "torch input too small": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT",
-          "element misaligned": "PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER", "host tensor": "PYDNN_STATUS_BAD_PARAM",
+          "element misaligned": "PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER",
+          "ws size short": "PYDNN_STATUS_BAD_PARAM", "ws buffer short": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT",
+          "ws misaligned": "PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER",
+          "ws NULL": "PYDNN_STATUS_BAD_PARAM_NULL_POINTER",
+          "ws negative size": "PYDNN_STATUS_BAD_PARAM", "host tensor": "PYDNN_STATUS_BAD_PARAM",
           "NULL": "PYDNN_STATUS_BAD_PARAM_NULL_POINTER", "negative": "PYDNN_STATUS_BAD_PARAM",
           "None": "PYDNN_STATUS_BAD_PARAM_NULL_POINTER", "dead handle": "PYDNN_STATUS_BAD_PARAM"}
 
@@ -310,11 +341,11 @@ def test_map_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch):
     assert len(race["grids a"]) == 1 and len(race["grids b"]) == 1 and race["grids a"] != race["grids b"], race
     assert info["moved"] and all(n >= 1 for n in info["slots"]), info
     kinds = {label.split(": ")[0] for label in out}
-    assert len(kinds) == 7, kinds
+    assert len(kinds) == 8, kinds
     for label, (hit, public, python) in out.items():
         case = label.split(": ", 1)[1]
         assert public == python, label  # the same launch bytes, or the same exception, status and message
-        plan = label.startswith(("softmax_forward", "pooling_forward"))
+        plan = label.startswith(("softmax_forward", "pooling_forward"))  # (reduce asks no element alignment)
         # transform's beta case makes the scaled key, not the copy key its slot holds: declined; a pointer that is
         # not a multiple of the element size: the plans' _run refuses it (declined: the Python function names
         # it), the maps take any address (the scalar kernel), in C as in Python
@@ -324,7 +355,8 @@ def test_map_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch):
             assert hit == (1 if want else 0), (label, hit)
         if want:
             launches, _ = public
-            assert len(launches) == 1 and launches[0][1] == 0x7000, label
+            # (reduce with a workspace: its finish pass too)
+            assert len(launches) == (2 if case.startswith("ws ") else 1) and launches[0][1] == 0x7000, label
         if case in ERRORS and (plan or case != "element misaligned"):
             assert public[0] == "PydnnError" and public[1] == getattr(P, ERRORS[case]), (label, public)
         if case == "too many":
@@ -337,12 +369,14 @@ def test_map_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch):
         # structs no compiled launch has written yet)
         assert o["first"][1] == o["ints"][1] == o["torch again"][1] == o["ints again"][1] == o["after set"][1], name
         assert o["descriptor set again"][1] == o["first"][1], name
-        if name not in ("softmax_forward", "pooling_forward"):  # (these plans have one launch here)
+        if name not in ("softmax_forward", "pooling_forward", "reduce_tensor"):  # (these plans: one launch here)
             assert o["misaligned"][1][0][0][0] != o["ints"][1][0][0][0], name
         assert o["beta"][1][1] != o["ints"][1][1], name
     t = {label.split(": ", 1)[1]: v for label, v in out.items() if label.startswith("transform_tensor: ")}
     assert t["copy"][1][0][0][0] != t["scaled after copy"][1][0][0][0]  # the copy and the scaled kernels
     assert t["copy after scaled"][1] == t["copy again"][1]
     assert t["convert scaled"][1][1] != t["convert again"][1][1]
+    r = {label.split(": ", 1)[1]: v for label, v in out.items() if label.startswith("reduce_tensor: ")}
+    assert len(r["ws first"][1][0]) == 2 and r["ws ints"][1] == r["ws first"][1], r["ws first"]  # + the finish pass
     o = {label.split(": ", 1)[1]: v for label, v in out.items() if label.startswith("op_tensor: ")}
     assert o["sqrt again"][1] == o["sqrt B given"][1]

@@ -211,8 +211,8 @@ def test_plan_entries_results(th, name):
         xd = P.create_tensor_descriptor()
         P.set_tensor_nd_descriptor_ex(xd, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, C, 1, 1])
         yd, nx, ny = xd, C, C
-        mk = lambda b, al, be: (th, P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL, al, xd, b[0], be, yd,  # noqa: E731
-                                b[1])
+        sm = (P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL)
+        mk = lambda b, al, be: (th, *sm, al, xd, b[0], be, yd, b[1])  # noqa: E731
         ref = lambda x, al, be, o: _softmax_ref(x, al, be, o)  # noqa: E731
         tol = dict(rtol=1e-5, atol=1e-7)  # exp and a 1000-term sum in float32
     else:
@@ -264,3 +264,54 @@ def _python_fn_plan(name):
     from pydnn.ops import softmax as S
 
     return getattr(S if name == "softmax_forward" else PO, "_py_" + name)
+
+
+@pytest.mark.parametrize("n", [1000, 65536])
+def test_reduce_entry_results(th, n):
+    """reduce_tensor (a sum of n floats into one) through its compiled entry: 65536 takes a workspace and a finish
+    pass (two launches) in C as in Python; the workspace's size, buffer and alignment checked as _buffers does."""
+    from pydnn._build import fastcall
+
+    lib = _warm(th)
+    k = fastcall.MAP_KINDS["reduce_tensor"]
+    rd = P.create_reduce_tensor_descriptor()
+    P.set_reduce_tensor_descriptor(rd, P.PYDNN_REDUCE_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN,
+                                   P.PYDNN_REDUCE_TENSOR_NO_INDICES, P.PYDNN_32BIT_INDICES)
+    ad, cd = P.create_tensor_descriptor(), P.create_tensor_descriptor()
+    P.set_tensor_nd_descriptor_ex(ad, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, n, 1, 1])
+    P.set_tensor_nd_descriptor_ex(cd, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, 1, 1, 1])
+    wsz = P.get_reduction_workspace_size(th, rd, ad, cd)
+    ws = torch.empty(max(wsz, 8) // 4 + 4, device="cuda")
+    hits = 0
+    for rep in range(3):
+        for off in (0, 1):  # the input 16-byte aligned, then not (the plan's other launch where it has two)
+            for al, be in ((1.0, 0.0), (0.5, 2.0)):
+                for as_int in (False, True):
+                    af = torch.randn(n + 3, device="cuda")
+                    a = af[off:off + n]
+                    c = torch.randn(1, device="cuda")
+                    before = _np(c)
+                    if be == 0.0:
+                        c.fill_(float("nan"))
+                    bufs = (a.data_ptr(), c.data_ptr(), ws.data_ptr()) if as_int else (a, c, ws)
+                    h0 = lib.map_stats()[0][k]
+                    P.reduce_tensor(th, rd, None, 0, bufs[2], wsz, al, ad, bufs[0], be, cd, bufs[1])
+                    hits += lib.map_stats()[0][k] - h0
+                    torch.cuda.synchronize()
+                    got = _np(c)
+                    want = al * _np(a).sum() + be * before
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(_np(a)).sum() ** 0.5,
+                                               err_msg=f"n {n} rep {rep} off {off} {al} {be}")
+                    c.copy_(torch.from_numpy(before.astype(np.float32)).cuda())
+                    if be == 0.0:
+                        c.fill_(float("nan"))
+                    from pydnn.ops import reduce as R
+
+                    R._py_reduce_tensor(th, rd, None, 0, bufs[2], wsz, al, ad, bufs[0], be, cd, bufs[1])
+                    torch.cuda.synchronize()
+                    assert np.array_equal(_np(c), got), (n, rep, off)
+    assert hits >= 23, hits
+    if wsz:
+        with pytest.raises(P.PydnnError) as e:  # a workspace size short of the plan's: declined, refused in Python
+            P.reduce_tensor(th, rd, None, 0, ws, wsz - 8, 1.0, ad, a, 0.0, cd, c)
+        assert e.value.status == P.PYDNN_STATUS_BAD_PARAM
