@@ -36,20 +36,9 @@ from pydnn.ops import _elementwise as ew
 from pydnn.ops import activation as A
 from pydnn.ops import tensor_ops as T
 
-class Rec(ctypes.Structure):
-    _fields_ = [("func", ctypes.c_uint64), ("stream", ctypes.c_uint64), ("smem", ctypes.c_uint64),
-                ("dims", ctypes.c_uint32 * 6), ("params", ctypes.c_uint8 * 64)]
-
-fake = ctypes.CDLL("libcuda.so.1")
 NP = ctypes.sizeof(MapParams)
-fake.fake_capture(NP)
-
-def drain():
-    buf = (Rec * 64)()
-    n = fake.fake_launches(buf, 64)
-    full = (ctypes.c_uint8 * NP)()
-    fake.fake_last_params(full, NP)
-    return [[[r.func, r.stream, r.smem, list(r.dims)] for r in buf[:n]], bytes(full).hex()]
+log = C.LaunchLog(NP)  # the stand-in's launches: each one's function, stream, dims; the last one's whole params
+drain = log.drain
 
 tuning.callpath.C_LAUNCH = True
 fastcall.install()
@@ -90,7 +79,7 @@ def py_of(name):
 def both(label, name, args, **kw):
     """(answered from a slot: 0 / 1, launches through the public name, launches through the Python function)"""
     k = K[name]
-    fake.fake_capture(CAPTURE.get(name, NP))  # the whole parameter struct of the kind's launches
+    log.capture(CAPTURE.get(name, NP))  # the whole parameter struct of the kind's launches
     drain()
     h0 = lib.map_stats()[0][k]
     try:
@@ -254,7 +243,7 @@ def bump():
 def site(dd, pp):
     for _ in range(600):
         P.add_tensor(h, 1.0, dd, pp[0], 0.0, dd, pp[1])
-fake.fake_capture(0)
+log.capture(0)
 drain()
 hits0 = lib.map_stats()[0][K["add_tensor"]]
 ts = [threading.Thread(target=bump), threading.Thread(target=site, args=(da, pa)),
@@ -265,10 +254,10 @@ for t in ts[1:]:
     t.join()
 stop[0] = True
 ts[0].join()
-buf = (Rec * 4096)()
-n = fake.fake_launches(buf, 4096)
+recs = log.records(4096)
+n = len(recs)
 grids = {}
-for r in buf[:n]:
+for r in recs:
     out_ptr = int.from_bytes(bytes(r.params)[:8], "little")
     grids.setdefault(out_ptr, set()).add(tuple(r.dims))
 race = {"launches": n, "hits": lib.map_stats()[0][K["add_tensor"]] - hits0,
