@@ -369,3 +369,46 @@ def test_map_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch):
     assert len(r["ws first"][1][0]) == 2 and r["ws ints"][1] == r["ws first"][1], r["ws first"]  # + the finish pass
     o = {label.split(": ", 1)[1]: v for label, v in out.items() if label.startswith("op_tensor: ")}
     assert o["sqrt again"][1] == o["sqrt B given"][1]
+
+
+OFF_SCRIPT = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import bench_host as B, bench_host_cpu as C
+import pydnn as P
+from pydnn import tuning
+from pydnn._build import fastcall
+from pydnn.ops import _elementwise as ew
+tuning.callpath.C_LAUNCH = True
+fastcall.install()
+h, addr = C.real_stub_handle(), B.CpuBuffers()
+out = {"switch": tuning.callpath.C_ENTRY_MAP}
+for setup in (B._add, B._softmax, B._reduce, B._act):
+    call, ints, _, _ = setup(h, addr)
+    call(ints); call(ints)
+out["types"] = [type(getattr(P, n)).__name__ for n in fastcall.MAP_KINDS]
+out["note"] = ew.note is not None
+out["act"] = type(P.activation_forward).__name__
+print(json.dumps(out))
+'''
+
+
+def test_switch_off_keeps_the_python_functions():
+    """tuning.callpath.C_ENTRY_MAP off (PYDNN_TUNING, read when the entries are set up): the public names stay the
+    Python functions and nothing is noted; activation_forward's own entry (C_ENTRY) is still made."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler")
+    pytest.importorskip("cuda.bindings")
+    import bench_host_cpu
+
+    lib_dir = bench_host_cpu.fake_libcuda_dir()
+    env = dict(os.environ, PYDNN_TUNING="callpath.C_ENTRY_MAP=False",
+               LD_LIBRARY_PATH=os.pathsep.join(x for x in (lib_dir, os.environ.get("LD_LIBRARY_PATH")) if x),
+               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    r = subprocess.run([sys.executable, "-c", OFF_SCRIPT, str(ROOT / "tools")], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["switch"] is False and not out["note"], out
+    assert set(out["types"]) == {"function"}, out
+    assert out["act"] == "Entry", out
