@@ -541,7 +541,7 @@ def run_ab_map(calls, rounds=5):
     t = [torch.randn(4, device="cuda") for _ in range(4)]
     ip = [x.data_ptr() for x in t]
     d4 = _td((1, 4, 1, 1))  # softmax over 4 channels
-    px, py = _td((1, 1, 2, 2)), _td((1, 1, 1, 1))  # max pooling 2x2
+    pxd, pyd = _td((1, 1, 2, 2)), _td((1, 1, 1, 1))  # max pooling 2x2
     pd = P.create_pooling_descriptor()
     P.set_pooling2d_descriptor(pd, P.PYDNN_POOLING_MAX, P.PYDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2)
     sm = (P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL)
@@ -555,7 +555,7 @@ def run_ab_map(calls, rounds=5):
         "op_tensor": lambda b: (h, op, 1.0, d, b[0], 1.0, d, b[1], 0.0, d, b[2]),
         "transform_tensor": lambda b: (h, 1.0, d, b[0], 0.0, d, b[1]),
         "softmax_forward": lambda b: (h, *sm, 1.0, d4, b[0], 0.0, d4, b[1]),
-        "pooling_forward": lambda b: (h, pd, 1.0, px, b[0], 0.0, py, b[1]),
+        "pooling_forward": lambda b: (h, pd, 1.0, pxd, b[0], 0.0, pyd, b[1]),
         "reduce_tensor": lambda b: (h, rd, None, 0, None, 0, 1.0, d4, b[0], 0.0, d, b[1]),  # (no workspace)
     }
     x = t[0][:1]
