@@ -517,7 +517,7 @@ def run_ab(calls, rounds=5):
 def run_ab_map(calls, rounds=5):
     """The compiled entries of session 33 (tuning.callpath.C_ENTRY_MAP: activation_backward, add_tensor,
     scale_tensor, op_tensor, transform_tensor on 1 element, softmax_forward 1x4, pooling_forward 2x2, reduce_tensor
-    4 -> 1) against the
+    4 -> 1, batch_normalization_forward_inference 1x2) against the
     Python functions behind them and PyTorch's op, int pointers and torch tensors, in alternating rounds on one
     handle as run_ab (each form a functools.partial: no benchmark frame timed). Medians (min) over rounds, queued
     and host only."""
@@ -525,6 +525,7 @@ def run_ab_map(calls, rounds=5):
 
     from pydnn._build import fastcall
     from pydnn.ops import activation as A
+    from pydnn.ops import batchnorm as BN
     from pydnn.ops import pooling as PO
     from pydnn.ops import reduce as R
     from pydnn.ops import softmax as S
@@ -538,13 +539,16 @@ def run_ab_map(calls, rounds=5):
     P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
     op = P.create_op_tensor_descriptor()
     P.set_op_tensor_descriptor(op, P.PYDNN_OP_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
-    t = [torch.randn(4, device="cuda") for _ in range(4)]
+    t = [torch.randn(4, device="cuda") for _ in range(6)]
     ip = [x.data_ptr() for x in t]
     d4 = _td((1, 4, 1, 1))  # softmax over 4 channels
     pxd, pyd = _td((1, 1, 2, 2)), _td((1, 1, 1, 1))  # max pooling 2x2
     pd = P.create_pooling_descriptor()
     P.set_pooling2d_descriptor(pd, P.PYDNN_POOLING_MAX, P.PYDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2)
     sm = (P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL)
+    bnx = _td((1, 2, 1, 1))  # batch norm inference, 2 channels
+    bnsb = P.create_tensor_descriptor()
+    P.derive_bn_tensor_descriptor(bnsb, bnx, P.PYDNN_BATCHNORM_SPATIAL)
     rd = P.create_reduce_tensor_descriptor()
     P.set_reduce_tensor_descriptor(rd, P.PYDNN_REDUCE_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN,
                                    P.PYDNN_REDUCE_TENSOR_NO_INDICES, P.PYDNN_32BIT_INDICES)
@@ -557,6 +561,8 @@ def run_ab_map(calls, rounds=5):
         "softmax_forward": lambda b: (h, *sm, 1.0, d4, b[0], 0.0, d4, b[1]),
         "pooling_forward": lambda b: (h, pd, 1.0, pxd, b[0], 0.0, pyd, b[1]),
         "reduce_tensor": lambda b: (h, rd, None, 0, None, 0, 1.0, d4, b[0], 0.0, d, b[1]),  # (no workspace)
+        "batch_normalization_forward_inference": lambda b: (h, P.PYDNN_BATCHNORM_SPATIAL, 1.0, 0.0, bnx, b[0], bnx,
+                                                            b[1], bnsb, b[2], b[3], b[4], b[5], 1e-5),
     }
     x = t[0][:1]
     x4, x22 = t[0], t[0].view(1, 1, 2, 2)
@@ -565,14 +571,18 @@ def run_ab_map(calls, rounds=5):
                 "op_tensor": functools.partial(torch.add, x, x), "transform_tensor": functools.partial(x.copy_, x),
                 "softmax_forward": functools.partial(torch.softmax, x4, 0),
                 "pooling_forward": functools.partial(torch.nn.functional.max_pool2d, x22, 2),
-                "reduce_tensor": functools.partial(torch.sum, x4)}
+                "reduce_tensor": functools.partial(torch.sum, x4),
+                "batch_normalization_forward_inference": functools.partial(
+                    torch.nn.functional.batch_norm, t[0][:2].view(1, 2, 1, 1), t[4][:2], t[5][:2].abs() + 1,
+                    t[2][:2], t[3][:2], False, 0.1, 1e-5)}
     for name, mk in calls_of.items():  # plans; the first compiled record sets the entries up; fills the slots
         for b in (ip, t):
             for _ in range(3):
                 getattr(P, name)(*mk(b))
     forms = {}
     for name, mk in calls_of.items():
-        mod = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R}.get(name, T)
+        mod = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R,
+               "batch_normalization_forward_inference": BN}.get(name, T)
         py = getattr(mod, "_py_" + name)
         for kind, b in (("int", ip), ("torch", t)):
             forms[f"{name} entry, {kind}"] = functools.partial(getattr(P, name), *mk(b))

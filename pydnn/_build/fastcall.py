@@ -495,7 +495,7 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
    torch tensor / cupy array covering its span) and launches with run_map's map_core; anything else declines to
    the Python function, which decides and reports errors as before. */
 #define MK_SLOTS 16
-#define MK_KINDS 8
+#define MK_KINDS 9
 typedef struct {
     int nargs, ndesc, desc[5];    /* the handle is argument 0; desc: the other arguments the key names (held by
                                      identity: descriptors, and softmax's algo / mode ints) */
@@ -573,6 +573,9 @@ static const map_kind_t mk_kinds[MK_KINDS] = {
     /* 7 reduce_tensor(h, reduceD, indices, indicesSize, workspace, workspaceSize, alpha, aD, A, beta, cD, C): C <- A
        (a plan; its workspace and sizes checked in mk_reduce_extra) */
     {12, 3, {1, 7, 10}, 6, -1, 9, 0.0, 0.0, 11, 0, 1, {8}, {1}, 0, 2},
+    /* 8 batch_normalization_forward_inference(h, mode, alpha, beta, xD, x, yD, y, bnD, scale, bias, mean, var, eps):
+       its buffers, epsilon and launch in bn_core (a bn_rec_t) */
+    {14, 4, {1, 4, 6, 8}, 2, -1, 3, 0.0, 0.0, 7, 0, 0, {0}, {0}, 0, 3},
 };
 
 typedef struct {
@@ -614,6 +617,53 @@ static int mk_float(PyObject *const *args, int pos, double c, double *v) {
     return 1;
 }
 
+/* batch_normalization_forward_inference's cached call as its Python function makes it (pydnn/ops/batchnorm.py): epsilon
+   a float >= PYDNN_BN_MIN_EPSILON; x and y positive ints or tensors covering their spans, aligned to their elements,
+   not overlapping (an overlap - in place included - is the Python function's: no_partial_alias); scale, bias, mean
+   and var covering the parameters' bytes, aligned to the statistics' type; then the launch _pick would choose for
+   x | y: a 16-byte aligned pair, else one aligned to the mid vector width, else the rest (tier 2), each tier one
+   launch whose fields (chunk_rows, row_begin, row_end: offset, size, value) are written into the shared params with
+   the 17 pointers, alpha, beta, eps and the flags. A tier whose kernel the Python path has not loaded yet: declined. */
+typedef struct {
+    uint64_t func;
+    uint32_t grid[3], block[3], nfield, pad_;
+    uint32_t off[8], size[8];
+    uint64_t val[8];
+} bn_launch_t;
+typedef struct {
+    bn_launch_t tier[3];
+    uint64_t params, argv, xs, ys, pbytes;
+    uint32_t isz, asz, vm_bytes, flags_off, flags_base, flag_beta, eps_off, alpha_off;
+    double min_eps;
+} bn_rec_t;
+
+static int bn_core(const bn_rec_t *r, uint64_t stream, PyObject *const *args, PyObject *tt, double al, double be) {
+    if (!PyFloat_CheckExact(args[13])) return -1;
+    double eps = PyFloat_AS_DOUBLE(args[13]);
+    if (!(eps >= r->min_eps)) return -1;
+    uint64_t x, y, prm[4];
+    if (!act_buffer(args[5], tt, (long long)r->xs, &x) || !act_buffer(args[7], tt, (long long)r->ys, &y)) return -1;
+    if (x % r->isz || y % r->isz) return -1;
+    if (y < x + r->xs && x < y + r->ys) return -1;
+    for (int i = 0; i < 4; i++)
+        if (!act_buffer(args[9 + i], tt, (long long)r->pbytes, &prm[i]) || prm[i] % r->asz) return -1;
+    uint64_t orb = x | y;
+    int t = (orb & 15) == 0 ? 0 : (r->vm_bytes && orb % r->vm_bytes == 0) ? 1 : 2;
+    const bn_launch_t *L = &r->tier[t];
+    if (!L->func) return -1;
+    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
+    uint64_t ptrs[17] = {x, y, 0, 0, 0, 0, 0, prm[0], prm[1], prm[2], prm[3], 0, 0, 0, 0, 0, 0};
+    memcpy(p, ptrs, sizeof ptrs);
+    memcpy(p + r->alpha_off, &al, 8);
+    memcpy(p + r->alpha_off + 8, &be, 8);
+    memcpy(p + r->eps_off, &eps, 8);
+    uint32_t fl = r->flags_base | (be != 0.0 ? r->flag_beta : 0);
+    memcpy(p + r->flags_off, &fl, 4);
+    for (uint32_t i = 0; i < L->nfield && i < 8; i++) memcpy(p + L->off[i], &L->val[i], L->size[i] <= 8 ? L->size[i] : 8);
+    return cu_launch((void *)(uintptr_t)L->func, L->grid[0], L->grid[1], L->grid[2], L->block[0], L->block[1],
+                     L->block[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
+}
+
 /* reduce_tensor's arguments besides its tensors, as its _buffers checks them: both sizes plain ints >= 0, no
    indices wanted (else the Python function's), the workspace (when the plan has one) at least its bytes by size
    and by buffer and WS_ALIGN-aligned; 1 with its address in *ws */
@@ -646,6 +696,11 @@ static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *t = PyObject_GetAttr(args[0], s_alive), *tt = NULL; /* tt borrowed */
     uint64_t o = 0, ins[3] = {0, 0, 0};
     if (t != Py_True || !act_module_ok(&tt)) goto out;
+    if (k->core == 3) {
+        done = bn_core((const bn_rec_t *)(uintptr_t)s->crec, s->stream, args, tt, al, be) == 0;
+        mk_hits[kind] += done;
+        goto out;
+    }
     if (!act_buffer(args[k->out], tt, s->need[k->out_need], &o)) goto out;
     for (int j = 0; j < s->nin; j++)
         if (!act_buffer(args[k->in[j]], tt, s->need[k->in_need[j]], &ins[j])) goto out;
@@ -678,22 +733,25 @@ static void mk_fill(int kind, PyObject *const *args, Py_ssize_t nargs, uint64_t 
         __atomic_load_n(act_gen, __ATOMIC_ACQUIRE) != gen0 || mk_noted_nin < 0 || mk_noted_nin > k->nin)
         goto out;
     mk_slot_t *s = &mk_slots[kind][mk_index(k, args)];
-    if (s->rec == rec && s->gen == gen0 && s->obj[0] == args[0]) { /* already this site's (a declined buffer) */
+    uint64_t c = 0, stream = 0;
+    if (!(crec = PyObject_GetAttr(rec, s_crec)) || !PyLong_CheckExact(crec) || u64(crec, &c) || !c) goto out;
+    if (s->rec == rec && s->crec == c && s->gen == gen0 && s->obj[0] == args[0]) { /* already this site's */
         int same = 1;
         for (int i = 0; i < k->ndesc; i++) same &= s->obj[1 + i] == args[k->desc[i]];
         if (same && s->nin == mk_noted_nin && s->copy == mk_noted_copy && s->same == mk_noted_same) goto out;
     }
-    uint64_t c = 0, stream = 0;
-    if (!(crec = PyObject_GetAttr(rec, s_crec)) || !PyLong_CheckExact(crec) || u64(crec, &c) || !c) goto out;
-    if (!(need = PyObject_GetAttr(rec, s_need)) || !PyTuple_CheckExact(need)) goto out;
     long long nd[4] = {0, 0, 0, 0};
-    Py_ssize_t nn = PyTuple_GET_SIZE(need);
+    Py_ssize_t nn = 0;
+    if (k->core != 3) { /* (batch norm's record holds its own spans) */
+        if (!(need = PyObject_GetAttr(rec, s_need)) || !PyTuple_CheckExact(need)) goto out;
+        nn = PyTuple_GET_SIZE(need);
+    }
     if (nn > 4) goto out;
     for (Py_ssize_t i = 0; i < nn; i++) {
         nd[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(need, i));
         if (PyErr_Occurred()) goto out;
     }
-    if (k->out_need >= nn) goto out;
+    if (k->core != 3 && k->out_need >= nn) goto out;
     for (int j = 0; j < mk_noted_nin; j++)
         if (k->in_need[j] >= nn) goto out;
     if (!(st = PyObject_GetAttr(args[0], s_stream)) || !PyLong_CheckExact(st) || u64(st, &stream)) goto out;
@@ -1068,7 +1126,7 @@ def activation_public(fallback):
 # The map kinds of the compiled entry (fastcall's mk_kinds, same order): the element-wise family's cached calls
 # besides activation_forward, answered in C from call-site slots the Python function's cached path fills (map_note)
 MAP_KINDS = {"activation_backward": 0, "add_tensor": 1, "scale_tensor": 2, "op_tensor": 3, "transform_tensor": 4,
-             "softmax_forward": 5, "pooling_forward": 6, "reduce_tensor": 7}
+             "softmax_forward": 5, "pooling_forward": 6, "reduce_tensor": 7, "batch_normalization_forward_inference": 8}
 
 
 class PkLaunch(ctypes.Structure):
@@ -1124,6 +1182,61 @@ def plan_record(pl, ptr_offsets, params_type, flags_keep, flag_beta, congruent=F
         rec.flags_off, rec.flags_keep, rec.flag_beta = params_type.flags.offset, flags_keep & 0xFFFFFFFF, flag_beta
     pl.crec_obj = rec
     pl.crec = ctypes.addressof(rec) if rec is not None else 0
+    return pl.crec
+
+
+class BnLaunch(ctypes.Structure):
+    _fields_ = [("func", ctypes.c_uint64), ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3),
+                ("nfield", ctypes.c_uint32), ("pad_", ctypes.c_uint32), ("off", ctypes.c_uint32 * 8),
+                ("size", ctypes.c_uint32 * 8), ("val", ctypes.c_uint64 * 8)]
+
+
+class BnRec(ctypes.Structure):
+    """bn_rec_t: batch_normalization_forward_inference's plan as its cached call launches it (bn_core)."""
+    _fields_ = [("tier", BnLaunch * 3), ("params", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("xs", ctypes.c_uint64),
+                ("ys", ctypes.c_uint64), ("pbytes", ctypes.c_uint64), ("isz", ctypes.c_uint32), ("asz", ctypes.c_uint32),
+                ("vm_bytes", ctypes.c_uint32), ("flags_off", ctypes.c_uint32), ("flags_base", ctypes.c_uint32),
+                ("flag_beta", ctypes.c_uint32), ("eps_off", ctypes.c_uint32), ("alpha_off", ctypes.c_uint32),
+                ("min_eps", ctypes.c_double)]
+
+
+def bn_infer_record(pl, params_type, seqs, xs, ys, pbytes, vm_bytes, flag_beta, min_eps):
+    """Set pl.crec / pl.crec_obj (a BnRec; 0 where a kernel is a CPU handle's placeholder or a tier is not one launch)
+    for batch norm inference: seqs the launch sequence _pick chooses for a 16-byte aligned x | y, one aligned to the
+    mid vector width (vm_bytes; 0: none), and the rest; a launch whose kernel is not loaded yet is left 0 (bn_core
+    declines it: the Python function loads it)."""
+    # one BnRec a plan, rewritten in place: a call-site slot holds its address (a new struct would leave the slot
+    # pointing at freed memory); a tier it cannot serve keeps func 0 (bn_core declines it)
+    rec = pl.crec_obj if isinstance(getattr(pl, "crec_obj", None), BnRec) else BnRec()
+    ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
+    ok = all(len(seq) == 1 for seq in seqs)
+    for i, seq in enumerate(seqs if ok else ()):
+        lc, L = seq[0], rec.tier[i]
+        if lc.func is not None:
+            try:
+                L.func = int(lc.func)
+            except (TypeError, ValueError):
+                ok = False
+                break
+        L.grid[:], L.block[:] = list(lc.grid), list(lc.block)
+        fields = list(lc.fields.items())
+        if len(fields) > 8:
+            ok = False
+            break
+        L.nfield = len(fields)
+        for j, (k, v) in enumerate(fields):
+            f = getattr(params_type, k)
+            L.off[j], L.size[j], L.val[j] = f.offset, f.size, int(v) & 0xFFFFFFFFFFFFFFFF
+    if ok:
+        rec.params, rec.argv = ctypes.addressof(pl.params), pl.argv[1]
+        rec.xs, rec.ys, rec.pbytes = xs, ys, pbytes
+        rec.isz, rec.asz, rec.vm_bytes = pl.isize, pl.asize, vm_bytes
+        rec.flags_off, rec.flags_base, rec.flag_beta = params_type.flags.offset, pl.flags, flag_beta
+        rec.eps_off, rec.alpha_off, rec.min_eps = params_type.eps.offset, params_type.alpha.offset, min_eps
+    else:
+        ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
+    pl.crec_obj = rec
+    pl.crec = ctypes.addressof(rec)
     return pl.crec
 
 

@@ -315,3 +315,70 @@ def test_reduce_entry_results(th, n):
         with pytest.raises(P.PydnnError) as e:  # a workspace size short of the plan's: declined, refused in Python
             P.reduce_tensor(th, rd, None, 0, ws, wsz - 8, 1.0, ad, a, 0.0, cd, c)
         assert e.value.status == P.PYDNN_STATUS_BAD_PARAM
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 8, 8), (4, 3, 5, 7)])
+def test_bn_inference_entry_results(th, shape):
+    """batch_normalization_forward_inference through its compiled entry (bn_core: the launch of x | y's alignment
+    tier, its fields, the 17 pointers, alpha / beta / epsilon and the flags) against float64; in place (x is y) and
+    a bad epsilon are the Python function's."""
+    from pydnn._build import fastcall
+    from pydnn.ops import batchnorm as BN
+
+    lib = _warm(th)
+    k = fastcall.MAP_KINDS["batch_normalization_forward_inference"]
+    n, c, hh, ww = shape
+    xd = P.create_tensor_descriptor()
+    P.set_tensor_nd_descriptor_ex(xd, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, list(shape))
+    sbd = P.create_tensor_descriptor()
+    P.derive_bn_tensor_descriptor(sbd, xd, P.PYDNN_BATCHNORM_SPATIAL)
+    total, eps = n * c * hh * ww, 1e-5
+    prm = [torch.randn(c, device="cuda") for _ in range(3)] + [torch.rand(c, device="cuda") + 0.5]
+    s_, b_, m_, v_ = (_np(t) for t in prm)
+    bshape = (1, c, 1, 1)
+    mode = P.PYDNN_BATCHNORM_SPATIAL
+    hits = 0
+    for rep in range(3):
+        for off in (0, 1):  # x and y 16-byte aligned, then 4 bytes off (another tier's launch)
+            for al, be in ((1.0, 0.0), (0.5, 2.0)):
+                for as_int in (False, True):
+                    xf, yf = torch.randn(total + 3, device="cuda"), torch.randn(total + 3, device="cuda")
+                    x, y = xf[off:off + total], yf[off:off + total]
+                    around = yf.clone()
+                    if be == 0.0:
+                        y.fill_(float("nan"))
+                    before = _np(around[off:off + total]).reshape(shape)
+                    bufs = [x, y] + prm
+                    if as_int:
+                        bufs = [t.data_ptr() for t in bufs]
+                    h0 = lib.map_stats()[0][k]
+                    P.batch_normalization_forward_inference(th, mode, al, be, xd, bufs[0], xd, bufs[1], sbd, *bufs[2:],
+                                                            eps)
+                    hits += lib.map_stats()[0][k] - h0
+                    torch.cuda.synchronize()
+                    got = _np(y)
+                    xn = (_np(x).reshape(shape) - m_.reshape(bshape)) / np.sqrt(v_.reshape(bshape) + eps)
+                    want = al * (s_.reshape(bshape) * xn + b_.reshape(bshape)) + be * before
+                    np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-5, atol=1e-5,
+                                               err_msg=f"{shape} rep {rep} off {off} {al} {be}")
+                    outside = torch.cat([yf[:off] != around[:off], yf[off + total:] != around[off + total:]])
+                    assert not bool(outside.any()), (shape, "written outside the descriptor's span")
+                    y.copy_(around[off:off + total])
+                    if be == 0.0:
+                        y.fill_(float("nan"))
+                    BN._py_batch_normalization_forward_inference(th, mode, al, be, xd, bufs[0], xd, bufs[1], sbd,
+                                                                 *bufs[2:], eps)
+                    torch.cuda.synchronize()
+                    assert np.array_equal(_np(y), got), (shape, rep, off)
+    # the first call of each alignment tier loads its kernel in Python; every other call is answered in C
+    assert hits >= 20, hits
+    x = torch.randn(total, device="cuda")
+    ref = x.clone()
+    P.batch_normalization_forward_inference(th, mode, 1.0, 0.0, xd, x, xd, x, sbd, *prm, eps)  # in place: Python
+    torch.cuda.synchronize()
+    xn = (_np(ref).reshape(shape) - m_.reshape(bshape)) / np.sqrt(v_.reshape(bshape) + eps)
+    np.testing.assert_allclose(_np(x), (s_.reshape(bshape) * xn + b_.reshape(bshape)).reshape(-1), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(P.PydnnError) as e:
+        P.batch_normalization_forward_inference(th, mode, 1.0, 0.0, xd, x, xd, y, sbd, *prm, -1.0)
+    assert e.value.status == P.PYDNN_STATUS_BAD_PARAM
