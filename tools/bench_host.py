@@ -517,7 +517,7 @@ def run_ab(calls, rounds=5):
 def run_ab_map(calls, rounds=5):
     """The compiled entries of session 33 (tuning.callpath.C_ENTRY_MAP: activation_backward, add_tensor,
     scale_tensor, op_tensor, transform_tensor on 1 element, softmax_forward 1x4, pooling_forward 2x2, reduce_tensor
-    4 -> 1, batch_normalization_forward_inference 1x2) against the
+    4 -> 1, batch_normalization_forward_inference 1x2, norm_forward_inference 1x4) against the
     Python functions behind them and PyTorch's op, int pointers and torch tensors, in alternating rounds on one
     handle as run_ab (each form a functools.partial: no benchmark frame timed). Medians (min) over rounds, queued
     and host only."""
@@ -526,6 +526,7 @@ def run_ab_map(calls, rounds=5):
     from pydnn._build import fastcall
     from pydnn.ops import activation as A
     from pydnn.ops import batchnorm as BN
+    from pydnn.ops import normalization as NM
     from pydnn.ops import pooling as PO
     from pydnn.ops import reduce as R
     from pydnn.ops import softmax as S
@@ -549,6 +550,10 @@ def run_ab_map(calls, rounds=5):
     bnx = _td((1, 2, 1, 1))  # batch norm inference, 2 channels
     bnsb = P.create_tensor_descriptor()
     P.derive_bn_tensor_descriptor(bnsb, bnx, P.PYDNN_BATCHNORM_SPATIAL)
+    nd = P.create_norm_descriptor()  # layer norm over the 4 channels
+    P.set_norm_descriptor(nd, P.PYDNN_NORM_KIND_LAYER, 1, 3, 1e-5, None)
+    nsb, nmi = P.create_tensor_descriptor(), P.create_tensor_descriptor()
+    P.derive_norm_param_descriptors(nsb, nmi, d4, nd)
     rd = P.create_reduce_tensor_descriptor()
     P.set_reduce_tensor_descriptor(rd, P.PYDNN_REDUCE_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN,
                                    P.PYDNN_REDUCE_TENSOR_NO_INDICES, P.PYDNN_32BIT_INDICES)
@@ -563,6 +568,7 @@ def run_ab_map(calls, rounds=5):
         "reduce_tensor": lambda b: (h, rd, None, 0, None, 0, 1.0, d4, b[0], 0.0, d, b[1]),  # (no workspace)
         "batch_normalization_forward_inference": lambda b: (h, P.PYDNN_BATCHNORM_SPATIAL, 1.0, 0.0, bnx, b[0], bnx,
                                                             b[1], bnsb, b[2], b[3], b[4], b[5], 1e-5),
+        "norm_forward_inference": lambda b: (h, nd, 1.0, 0.0, d4, b[0], d4, b[1], nsb, b[2], b[3]),
     }
     x = t[0][:1]
     x4, x22 = t[0], t[0].view(1, 1, 2, 2)
@@ -574,7 +580,9 @@ def run_ab_map(calls, rounds=5):
                 "reduce_tensor": functools.partial(torch.sum, x4),
                 "batch_normalization_forward_inference": functools.partial(
                     torch.nn.functional.batch_norm, t[0][:2].view(1, 2, 1, 1), t[4][:2], t[5][:2].abs() + 1,
-                    t[2][:2], t[3][:2], False, 0.1, 1e-5)}
+                    t[2][:2], t[3][:2], False, 0.1, 1e-5),
+                "norm_forward_inference": functools.partial(torch.nn.functional.layer_norm, x4, (4,), t[2], t[3],
+                                                            1e-5)}
     for name, mk in calls_of.items():  # plans; the first compiled record sets the entries up; fills the slots
         for b in (ip, t):
             for _ in range(3):
@@ -582,7 +590,7 @@ def run_ab_map(calls, rounds=5):
     forms = {}
     for name, mk in calls_of.items():
         mod = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R,
-               "batch_normalization_forward_inference": BN}.get(name, T)
+               "batch_normalization_forward_inference": BN, "norm_forward_inference": NM}.get(name, T)
         py = getattr(mod, "_py_" + name)
         for kind, b in (("int", ip), ("torch", t)):
             forms[f"{name} entry, {kind}"] = functools.partial(getattr(P, name), *mk(b))

@@ -495,7 +495,7 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
    torch tensor / cupy array covering its span) and launches with run_map's map_core; anything else declines to
    the Python function, which decides and reports errors as before. */
 #define MK_SLOTS 16
-#define MK_KINDS 9
+#define MK_KINDS 10
 typedef struct {
     int nargs, ndesc, desc[5];    /* the handle is argument 0; desc: the other arguments the key names (held by
                                      identity: descriptors, and softmax's algo / mode ints) */
@@ -576,6 +576,9 @@ static const map_kind_t mk_kinds[MK_KINDS] = {
     /* 8 batch_normalization_forward_inference(h, mode, alpha, beta, xD, x, yD, y, bnD, scale, bias, mean, var, eps):
        its buffers, epsilon and launch in bn_core (a bn_rec_t) */
     {14, 4, {1, 4, 6, 8}, 2, -1, 3, 0.0, 0.0, 7, 0, 0, {0}, {0}, 0, 3},
+    /* 9 norm_forward_inference(h, normD, alpha, beta, xD, x, yD, y, scaleBiasD, scale, bias): its buffers and
+       launches in nm_core (an nm_rec_t) */
+    {11, 4, {1, 4, 6, 8}, 2, -1, 3, 0.0, 0.0, 7, 0, 0, {0}, {0}, 0, 4},
 };
 
 typedef struct {
@@ -664,6 +667,55 @@ static int bn_core(const bn_rec_t *r, uint64_t stream, PyObject *const *args, Py
                      L->block[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
 }
 
+/* norm_forward_inference's cached call as its Python function makes it (pydnn/ops/normalization.py's _forward,
+   _pointers_fwd, _run): x and y covering their spans and aligned to their elements, not overlapping (the Python
+   function's: no_partial_alias), scale covering the parameters and 4-byte aligned, bias None / 0 or the same; the
+   alternative by x | y's 16-byte alignment where the plan has two (vec_first); each of its launches gets the 10
+   pointers (out, x, 0, scale, bias, 0...) and alpha, beta, 0, 0 at the start of its params, the flags without beta2
+   / stats and with beta when beta != 0. An alternative whose kernels the Python path has not loaded: declined. */
+typedef struct {
+    uint64_t func, argv, params;
+    uint32_t grid[3], block[3], smem, pad_;
+} nm_launch_t;
+typedef struct {
+    nm_launch_t alt[2][4];
+    uint32_t nl[2], nalt, vec_first;
+    uint64_t xs, ys, sbs;
+    uint32_t isz, flags_off, flags_clear, flag_beta;
+} nm_rec_t;
+
+static int nm_core(const nm_rec_t *r, uint64_t stream, PyObject *const *args, PyObject *tt, double al, double be) {
+    uint64_t x, y, sc, bi = 0;
+    if (!act_buffer(args[5], tt, (long long)r->xs, &x) || !act_buffer(args[7], tt, (long long)r->ys, &y)) return -1;
+    if (x % r->isz || y % r->isz) return -1;
+    if (y < x + r->xs && x < y + r->ys) return -1;
+    if (!act_buffer(args[9], tt, (long long)r->sbs, &sc) || sc % 4) return -1;
+    PyObject *b = args[10];
+    if (!(b == Py_None || (PyLong_CheckExact(b) && PyLong_AsLongLong(b) == 0))) {
+        if (PyErr_Occurred() || !act_buffer(b, tt, (long long)r->sbs, &bi) || bi % 4) return -1;
+    }
+    int a = (r->nalt > 1 && r->vec_first && ((x | y) % 16)) ? 1 : 0;
+    if (!r->nl[a]) return -1;
+    for (uint32_t i = 0; i < r->nl[a]; i++)
+        if (!r->alt[a][i].func) return -1;
+    uint64_t ptrs[10] = {y, x, 0, sc, bi, 0, 0, 0, 0, 0};
+    double sc4[4] = {al, be, 0.0, 0.0};
+    for (uint32_t i = 0; i < r->nl[a]; i++) {
+        const nm_launch_t *L = &r->alt[a][i];
+        unsigned char *p = (unsigned char *)(uintptr_t)L->params;
+        memcpy(p, ptrs, sizeof ptrs);
+        memcpy(p + sizeof ptrs, sc4, sizeof sc4);
+        uint32_t fl;
+        memcpy(&fl, p + r->flags_off, 4);
+        fl = (fl & ~r->flags_clear) | (be != 0.0 ? r->flag_beta : 0);
+        memcpy(p + r->flags_off, &fl, 4);
+        int err = cu_launch((void *)(uintptr_t)L->func, L->grid[0], L->grid[1], L->grid[2], L->block[0], L->block[1],
+                            L->block[2], L->smem, (void *)(uintptr_t)stream, (void **)(uintptr_t)L->argv, NULL);
+        if (err) return err; /* (a later launch failed: the Python function launches them all again and reports) */
+    }
+    return 0;
+}
+
 /* reduce_tensor's arguments besides its tensors, as its _buffers checks them: both sizes plain ints >= 0, no
    indices wanted (else the Python function's), the workspace (when the plan has one) at least its bytes by size
    and by buffer and WS_ALIGN-aligned; 1 with its address in *ws */
@@ -696,8 +748,9 @@ static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *t = PyObject_GetAttr(args[0], s_alive), *tt = NULL; /* tt borrowed */
     uint64_t o = 0, ins[3] = {0, 0, 0};
     if (t != Py_True || !act_module_ok(&tt)) goto out;
-    if (k->core == 3) {
-        done = bn_core((const bn_rec_t *)(uintptr_t)s->crec, s->stream, args, tt, al, be) == 0;
+    if (k->core == 3 || k->core == 4) {
+        done = (k->core == 3 ? bn_core((const bn_rec_t *)(uintptr_t)s->crec, s->stream, args, tt, al, be)
+                             : nm_core((const nm_rec_t *)(uintptr_t)s->crec, s->stream, args, tt, al, be)) == 0;
         mk_hits[kind] += done;
         goto out;
     }
@@ -742,7 +795,7 @@ static void mk_fill(int kind, PyObject *const *args, Py_ssize_t nargs, uint64_t 
     }
     long long nd[4] = {0, 0, 0, 0};
     Py_ssize_t nn = 0;
-    if (k->core != 3) { /* (batch norm's record holds its own spans) */
+    if (k->core < 3) { /* (batch norm's and normalization's records hold their own spans) */
         if (!(need = PyObject_GetAttr(rec, s_need)) || !PyTuple_CheckExact(need)) goto out;
         nn = PyTuple_GET_SIZE(need);
     }
@@ -751,7 +804,7 @@ static void mk_fill(int kind, PyObject *const *args, Py_ssize_t nargs, uint64_t 
         nd[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(need, i));
         if (PyErr_Occurred()) goto out;
     }
-    if (k->core != 3 && k->out_need >= nn) goto out;
+    if (k->core < 3 && k->out_need >= nn) goto out;
     for (int j = 0; j < mk_noted_nin; j++)
         if (k->in_need[j] >= nn) goto out;
     if (!(st = PyObject_GetAttr(args[0], s_stream)) || !PyLong_CheckExact(st) || u64(st, &stream)) goto out;
@@ -1126,7 +1179,8 @@ def activation_public(fallback):
 # The map kinds of the compiled entry (fastcall's mk_kinds, same order): the element-wise family's cached calls
 # besides activation_forward, answered in C from call-site slots the Python function's cached path fills (map_note)
 MAP_KINDS = {"activation_backward": 0, "add_tensor": 1, "scale_tensor": 2, "op_tensor": 3, "transform_tensor": 4,
-             "softmax_forward": 5, "pooling_forward": 6, "reduce_tensor": 7, "batch_normalization_forward_inference": 8}
+             "softmax_forward": 5, "pooling_forward": 6, "reduce_tensor": 7, "batch_normalization_forward_inference": 8,
+             "norm_forward_inference": 9}
 
 
 class PkLaunch(ctypes.Structure):
@@ -1235,6 +1289,47 @@ def bn_infer_record(pl, params_type, seqs, xs, ys, pbytes, vm_bytes, flag_beta, 
         rec.eps_off, rec.alpha_off, rec.min_eps = params_type.eps.offset, params_type.alpha.offset, min_eps
     else:
         ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
+    pl.crec_obj = rec
+    pl.crec = ctypes.addressof(rec)
+    return pl.crec
+
+
+class NmLaunch(ctypes.Structure):
+    _fields_ = [("func", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("params", ctypes.c_uint64),
+                ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem", ctypes.c_uint32),
+                ("pad_", ctypes.c_uint32)]
+
+
+class NmRec(ctypes.Structure):
+    """nm_rec_t: norm_forward_inference's plan as its cached call launches it (nm_core)."""
+    _fields_ = [("alt", (NmLaunch * 4) * 2), ("nl", ctypes.c_uint32 * 2), ("nalt", ctypes.c_uint32),
+                ("vec_first", ctypes.c_uint32), ("xs", ctypes.c_uint64), ("ys", ctypes.c_uint64), ("sbs", ctypes.c_uint64),
+                ("isz", ctypes.c_uint32), ("flags_off", ctypes.c_uint32), ("flags_clear", ctypes.c_uint32),
+                ("flag_beta", ctypes.c_uint32)]
+
+
+def norm_infer_record(pl, params_type, xs, ys, sbs, flags_clear, flag_beta):
+    """Set pl.crec / pl.crec_obj (an NmRec, one a plan rewritten in place as bn_infer_record's) for normalization
+    inference: the plan's first and last alternatives (up to 4 launches each; a launch whose kernel is not loaded
+    yet, or a CPU handle's placeholder, leaves its alternative unusable: nm_core declines it)."""
+    rec = pl.crec_obj if isinstance(getattr(pl, "crec_obj", None), NmRec) else NmRec()
+    ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
+    alts = (pl.alternatives[0], pl.alternatives[-1])
+    for a, alt in enumerate(alts):
+        if len(alt) > 4:
+            continue
+        try:
+            funcs = [int(lc.func) if lc.func is not None else 0 for lc in alt]
+        except (TypeError, ValueError):
+            continue
+        for i, (lc, f) in enumerate(zip(alt, funcs)):
+            L = rec.alt[a][i]
+            L.func, L.argv, L.params, L.smem = f, lc.argv[1], ctypes.addressof(lc.params), lc.smem
+            L.grid[:], L.block[:] = list(lc.grid), list(lc.block)
+        rec.nl[a] = len(alt)
+    rec.nalt, rec.vec_first = (2 if len(pl.alternatives) > 1 else 1), int(bool(pl.vec_first))
+    rec.xs, rec.ys, rec.sbs, rec.isz = xs, ys, sbs, pl.itemsize
+    rec.flags_off, rec.flags_clear, rec.flag_beta = params_type.flags.offset, flags_clear, flag_beta
     pl.crec_obj = rec
     pl.crec = ctypes.addressof(rec)
     return pl.crec

@@ -258,7 +258,7 @@ _fast_launch = None  # fastcall's pydnn_map_launch, set by _crec before any reco
 note = None
 _entries_tried = False
 # fastcall.MAP_KINDS' numbers, spelled here for the callers' note
-K_ACT_BWD, K_ADD, K_SCALE, K_OP, K_TRANSFORM, K_SOFTMAX, K_POOL, K_REDUCE, K_BN_INFER = 0, 1, 2, 3, 4, 5, 6, 7, 8
+K_ACT_BWD, K_ADD, K_SCALE, K_OP, K_TRANSFORM, K_SOFTMAX, K_POOL, K_REDUCE, K_BN_INFER, K_NORM_INFER = range(10)
 
 
 def plan_entries(func):
@@ -278,7 +278,8 @@ def plan_entries(func):
 def _setup_entries():
     """Once, when the first compiled launch record is made: activation_forward's entry (its act_setup gives the
     kinds their module objects), then activation_backward, add_tensor, scale_tensor, op_tensor, transform_tensor,
-    softmax_forward, pooling_forward, reduce_tensor and batch_normalization_forward_inference as compiled entries over their Python functions (pydnn/_build/fastcall.py's mk_try: a cached
+    softmax_forward, pooling_forward, reduce_tensor, batch_normalization_forward_inference and
+    norm_forward_inference as compiled entries over their Python functions (pydnn/_build/fastcall.py's mk_try: a cached
     call from its call-site slot, no Python frame; the Python function for anything else). Where a public name no
     longer holds the def (a caller replaced it) it is left alone; a reference taken earlier keeps the def, which
     answers the same."""
@@ -291,6 +292,7 @@ def _setup_entries():
 
     from . import activation as A
     from . import batchnorm as BN
+    from . import normalization as NM
     from . import pooling as PO
     from . import reduce as R
     from . import softmax as S
@@ -303,7 +305,7 @@ def _setup_entries():
             return
         mods = {"activation_backward": A, "add_tensor": T, "scale_tensor": T, "op_tensor": T, "transform_tensor": T,
                 "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R,
-                "batch_normalization_forward_inference": BN}
+                "batch_normalization_forward_inference": BN, "norm_forward_inference": NM}
         got = fastcall.map_entries({n: getattr(m, "_py_" + n) for n, m in mods.items()})
     except Exception:  # noqa: BLE001 - an optimisation: the Python functions answer
         got = None

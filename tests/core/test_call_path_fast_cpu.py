@@ -57,7 +57,7 @@ for label, b in (("act int", ints), ("act torch", objs)):
     res[label] = calls(lambda: call(b))
     res[label + " slot hits"] = lib.act_stats()[0] - h0
 maps = {"act_bwd": B._act_bwd, "add": B._add, "op": B._op, "scale": B._scale, "transform": B._transform,
-        "softmax": B._softmax, "pool": B._pool, "reduce": B._reduce, "bn": B._bn}
+        "softmax": B._softmax, "pool": B._pool, "reduce": B._reduce, "bn": B._bn, "norm": B._norm}
 for case, setup in maps.items():  # the map kinds' entries (tuning.callpath.C_ENTRY_MAP)
     # int addresses, and stand-in tensors of their sizes (of TL: the one stand-in type buffers verifies)
     call, ints, objs, _ = setup(h, lambda nb: (lambda q: (q, TL(q, nb)))(addr(nb)[0]))
@@ -89,8 +89,9 @@ EXPECTED = {
     # session 33: the element-wise family's other calls as compiled entries too (were the api wrapper, the
     # function and run_map: 3 frames with int pointers, and a device_ptr a torch tensor)
     # and softmax_forward / pooling_forward / reduce_tensor (their plans' launches patched in C: plan_core) and
-    # batch_normalization_forward_inference (bn_core)
-    **{f"{c} {b}": [] for c in ("act_bwd", "add", "op", "scale", "transform", "softmax", "pool", "reduce", "bn")
+    # batch_normalization_forward_inference (bn_core) and norm_forward_inference (nm_core)
+    **{f"{c} {b}": [] for c in ("act_bwd", "add", "op", "scale", "transform", "softmax", "pool", "reduce", "bn",
+                                "norm")
        for b in ("int", "torch")},
     "chain int": ["execute", "run"],
     "chain torch": ["execute", "run"],
@@ -98,7 +99,7 @@ EXPECTED = {
     "matmul_gelu torch": ["execute", "run", "launch_args"],
 }
 TENSORS = {"act": 2, "chain": 4, "matmul_gelu": 4, "act_bwd": 4, "add": 2, "op": 3, "scale": 2, "transform": 2,
-           "softmax": 2, "pool": 2, "reduce": 2, "bn": 6}
+           "softmax": 2, "pool": 2, "reduce": 2, "bn": 6, "norm": 4}
 
 
 def test_fast_paths_python_frames(tmp_path, monkeypatch):

@@ -70,10 +70,13 @@ from pydnn.ops import pooling as PO
 from pydnn.ops import reduce as R
 from pydnn.ops import softmax as S
 
-BNI = "batch_normalization_forward_inference"
-MODS = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R, BNI: BN}
+from pydnn.ops import normalization as NM
+
+BNI, NMI = "batch_normalization_forward_inference", "norm_forward_inference"
+MODS = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R, BNI: BN, NMI: NM}
 CAPTURE = {"softmax_forward": ctypes.sizeof(S.SoftmaxParams), "pooling_forward": ctypes.sizeof(PO.PoolParams),
-           "reduce_tensor": ctypes.sizeof(R.ReduceParams), BNI: ctypes.sizeof(BN.BnParams)}
+           "reduce_tensor": ctypes.sizeof(R.ReduceParams), BNI: ctypes.sizeof(BN.BnParams),
+           NMI: ctypes.sizeof(NM.NormParams)}
 
 def py_of(name):
     return getattr(MODS.get(name, T), "_py_" + name)
@@ -99,7 +102,7 @@ def both(label, name, args, **kw):
     out[name + ": " + label] = [hit, r1, r2]
 
 OUT = {"activation_backward": 3, "add_tensor": 1, "scale_tensor": 0, "op_tensor": 2, "transform_tensor": 1,
-       "softmax_forward": 1, "pooling_forward": 1, "reduce_tensor": 1, BNI: 1}
+       "softmax_forward": 1, "pooling_forward": 1, "reduce_tensor": 1, BNI: 1, NMI: 1}
 # the buffers' spans where they are not 4 * N bytes (pooling's y: its pooled dims; reduce's C: one element; batch
 # norm's four parameters: 10 channels)
 SPAN = {"pooling_forward": {1: 4 * N // 4}, "reduce_tensor": {1: 4}, BNI: {2: 40, 3: 40, 4: 40, 5: 40}}
@@ -117,7 +120,7 @@ def forms(name, make, desc=None):
     both("int alpha", name, make(p, 1, 0.0))
     args = make(p, 1.0, 0.0)
     last = {"activation_backward": "dx", "scale_tensor": "alpha", "transform_tensor": "y", "softmax_forward": "y",
-            "pooling_forward": "y", BNI: "epsilon"}.get(name, "C")
+            "pooling_forward": "y", BNI: "epsilon", NMI: "bias"}.get(name, "C")
     both("keywords", name, args[:-1], **{last: args[-1]})
     both("too many", name, args + (1,))
     for i, what in ((OUT[name], "output"), (0, "input")):  # one buffer short of its span, the others whole
@@ -183,8 +186,14 @@ bsb = P.create_tensor_descriptor()
 P.derive_bn_tensor_descriptor(bsb, bx, P.PYDNN_BATCHNORM_SPATIAL)
 SP = P.PYDNN_BATCHNORM_SPATIAL
 mk[BNI] = lambda b, al, be: (h, SP, al, be, bx, b[0], bx, b[1], bsb, b[2], b[3], b[4], b[5], 1e-5)
+nx = B._td((1, 10, 10, N // 100))  # layer norm over C, H, W
+nd = P.create_norm_descriptor()
+P.set_norm_descriptor(nd, P.PYDNN_NORM_KIND_LAYER, 1, 3, 1e-5, None)
+nsb, nmi = P.create_tensor_descriptor(), P.create_tensor_descriptor()
+P.derive_norm_param_descriptors(nsb, nmi, nx, nd)
+mk[NMI] = lambda b, al, be: (h, nd, al, be, nx, b[0], nx, b[1], nsb, b[2], b[3])
 descs = {"softmax_forward": (ds, [1, N, 1, 1]), "pooling_forward": (px, [1, 1, 20, N // 20]),
-         "reduce_tensor": (ra, [1, N, 1, 1]), BNI: (bx, [1, 10, 10, N // 100])}
+         "reduce_tensor": (ra, [1, N, 1, 1]), BNI: (bx, [1, 10, 10, N // 100]), NMI: (nx, [1, 10, 10, N // 100])}
 for name, make in mk.items():
     forms(name, make, descs.get(name))
     if name in mk2:
@@ -202,7 +211,7 @@ both("sqrt again", "op_tensor", un(p, 1.0, 0.0))
 both("sqrt B given", "op_tensor", (h, sq, 1.0, d, p[0], 1.0, d, p[1], 0.0, d, p[2]))
 # batch norm inference: in place (x is y) and epsilon / parameter cases are the Python function's
 bn = lambda x_, y_, eps=1e-5, sc=p[2]: (h, SP, 1.0, 0.0, bx, x_, bx, y_, bsb, sc, p[3], p[4], p[5], eps)
-both("bn same site", BNI, bn(p[0], p[1]))  # (the forms above left its slot)
+both("bn same site", BNI, bn(p[0], p[1]))  # (its slot: as the calls since left it)
 both("bn again", BNI, bn(p[0], p[1]))
 both("bn in place", BNI, bn(p[0], p[0]))
 both("bn partial overlap", BNI, bn(p[0], p[0] + 400))
@@ -213,6 +222,17 @@ both("bn scale misaligned", BNI, bn(p[0], p[1], sc=p[2] + 2))
 both("bn scale short", BNI, bn(p[0], p[1], sc=TL(p[2], 36)))
 both("bn scale torch", BNI, bn(p[0], p[1], sc=TL(p[2], 40)))
 both("bn after", BNI, bn(p[0], p[1]))
+# norm inference: bias None (no bias) answered; in place and a short scale the Python function's
+nm = lambda x_, y_, sc=p[2], bi=p[3]: (h, nd, 1.0, 0.0, nx, x_, nx, y_, nsb, sc, bi)
+both("norm same site", NMI, nm(p[0], p[1]))  # (its slot: as the calls since left it)
+both("norm again", NMI, nm(p[0], p[1]))
+both("norm bias None", NMI, nm(p[0], p[1], bi=None))
+both("norm bias 0", NMI, nm(p[0], p[1], bi=0))
+both("norm bias torch", NMI, nm(p[0], p[1], bi=TL(p[3], 4 * N)))
+both("norm in place", NMI, nm(p[0], p[0]))
+both("norm scale short", NMI, nm(p[0], p[1], sc=TL(p[2], 4 * N - 4)))
+both("norm bias misaligned", NMI, nm(p[0], p[1], bi=p[3] + 2))
+both("norm after", NMI, nm(p[0], p[1]))
 # reduce with a workspace (a sum of 65536: segments, and the finish pass as a second launch); reduce's sizes and
 # workspace checked in C as its _buffers checks them, anything else declined
 wa = B._td((1, 65536, 1, 1))
@@ -289,14 +309,15 @@ print(json.dumps({"moved": moved, "slots": lib.map_stats()[1]}))
 print(json.dumps(out))
 '''
 
-BNI = "batch_normalization_forward_inference"
+BNI, NMI = "batch_normalization_forward_inference", "norm_forward_inference"
 ANSWERED = {"ints", "torch", "torch again", "misaligned", "beta", "ints again", "after set", "other again",
             "sqrt again", "copy again", "instance again", "log again", "ws ints", "ws torch", "ws larger size",
-            "ws again", "bn same site", "bn again", "bn scale torch", "bn after", "scaled again", "convert again", "convert scaled", "convert scaled again",
+            "ws again", "bn again", "bn scale torch", "bn after", "norm again", "norm bias None",
+            "norm bias 0", "norm bias torch", "norm after", "scaled again", "convert again", "convert scaled", "convert scaled again",
             "convert copy scalars again", "after tuning again"}
 # answered or not by where the slots fell: two sites of one kind share a slot when their objects' addresses hash
 # alike (1 in 16), so a site may or may not have kept its slot across another site's call
-EITHER = {"back to the first", "copy"}
+EITHER = {"back to the first", "copy", "bn same site", "norm same site"}
 # batch norm's misaligned pointers take another tier's launch, answered only once the Python function loaded it
 EITHER_BN = {"misaligned"}
 ERRORS = {"torch output too small": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT",
@@ -308,7 +329,9 @@ ERRORS = {"torch output too small": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT",
           "ws negative size": "PYDNN_STATUS_BAD_PARAM", "bn partial overlap": "PYDNN_STATUS_BAD_PARAM",
           "bn eps negative": "PYDNN_STATUS_BAD_PARAM", "bn eps nan": "PYDNN_STATUS_BAD_PARAM",
           "bn scale misaligned": "PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER",
-          "bn scale short": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT", "host tensor": "PYDNN_STATUS_BAD_PARAM",
+          "bn scale short": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT",
+          "norm scale short": "PYDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT",
+          "norm bias misaligned": "PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER", "host tensor": "PYDNN_STATUS_BAD_PARAM",
           "NULL": "PYDNN_STATUS_BAD_PARAM_NULL_POINTER", "negative": "PYDNN_STATUS_BAD_PARAM",
           "None": "PYDNN_STATUS_BAD_PARAM_NULL_POINTER", "dead handle": "PYDNN_STATUS_BAD_PARAM"}
 
@@ -357,19 +380,19 @@ def test_map_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch):
     assert len(race["grids a"]) == 1 and len(race["grids b"]) == 1 and race["grids a"] != race["grids b"], race
     assert info["moved"] and all(n >= 1 for n in info["slots"]), info
     kinds = {label.split(": ")[0] for label in out}
-    assert len(kinds) == 9, kinds
+    assert len(kinds) == 10, kinds
     for label, (hit, public, python) in out.items():
         case = label.split(": ", 1)[1]
         assert public == python, label  # the same launch bytes, or the same exception, status and message
-        plan = label.startswith(("softmax_forward", "pooling_forward", BNI))  # (reduce asks no element alignment)
+        plan = label.startswith(("softmax_forward", "pooling_forward", BNI, NMI))  # (reduce: no element alignment)
         # transform's beta case makes the scaled key, not the copy key its slot holds: declined; a pointer that is
         # not a multiple of the element size: the plans' _run refuses it (declined: the Python function names
         # it), the maps take any address (the scalar kernel), in C as in Python
         want = ((case in ANSWERED and not (label.startswith("transform_tensor") and case == "beta"))
                 or (case == "element misaligned" and not plan))
-        if case not in EITHER and not (label.startswith(BNI) and case in EITHER_BN):
+        if case not in EITHER and not (label.startswith((BNI, NMI)) and case in EITHER_BN):
             assert hit == (1 if want else 0), (label, hit)
-        if want and not (label.startswith(BNI) and case in EITHER_BN and not hit):
+        if want and not (label.startswith((BNI, NMI)) and case in EITHER_BN and not hit):
             launches, _ = public
             # (reduce with a workspace: its finish pass too)
             assert len(launches) == (2 if case.startswith("ws ") else 1) and launches[0][1] == 0x7000, label
@@ -385,7 +408,7 @@ def test_map_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch):
         # structs no compiled launch has written yet)
         assert o["first"][1] == o["ints"][1] == o["torch again"][1] == o["ints again"][1] == o["after set"][1], name
         assert o["descriptor set again"][1] == o["first"][1], name
-        if name not in ("softmax_forward", "pooling_forward", "reduce_tensor", BNI):  # (these plans: one launch)
+        if name not in ("softmax_forward", "pooling_forward", "reduce_tensor", BNI, NMI):  # (plans: one launch)
             assert o["misaligned"][1][0][0][0] != o["ints"][1][0][0][0], name
         assert o["beta"][1][1] != o["ints"][1][1], name
     t = {label.split(": ", 1)[1]: v for label, v in out.items() if label.startswith("transform_tensor: ")}

@@ -382,3 +382,67 @@ def test_bn_inference_entry_results(th, shape):
     with pytest.raises(P.PydnnError) as e:
         P.batch_normalization_forward_inference(th, mode, 1.0, 0.0, xd, x, xd, y, sbd, *prm, -1.0)
     assert e.value.status == P.PYDNN_STATUS_BAD_PARAM
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 4, 4), (3, 5, 7, 9)])
+def test_norm_inference_entry_results(th, shape):
+    """norm_forward_inference (layer norm over C, H, W) through its compiled entry (nm_core: the alternative of x | y's
+    16-byte alignment, its launches' pointers, scalars and flags) against float64, with a bias and without (None);
+    in place (x is y) is the Python function's."""
+    from pydnn._build import fastcall
+    from pydnn.ops import normalization as NM
+
+    lib = _warm(th)
+    k = fastcall.MAP_KINDS["norm_forward_inference"]
+    n = shape[0]
+    total, eps = int(np.prod(shape)), 1e-5
+    xd = P.create_tensor_descriptor()
+    P.set_tensor_nd_descriptor_ex(xd, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, list(shape))
+    nd = P.create_norm_descriptor()
+    P.set_norm_descriptor(nd, P.PYDNN_NORM_KIND_LAYER, 1, 3, eps, None)
+    sbd, mid = P.create_tensor_descriptor(), P.create_tensor_descriptor()
+    P.derive_norm_param_descriptors(sbd, mid, xd, nd)
+    scale, bias = torch.randn(total // n, device="cuda"), torch.randn(total // n, device="cuda")
+
+    def ref(x, al, be, o, with_bias):
+        x = x.reshape(n, -1)
+        xn = (x - x.mean(axis=1, keepdims=True)) / np.sqrt(x.var(axis=1, keepdims=True) + eps)
+        v = xn * _np(scale) + (_np(bias) if with_bias else 0.0)
+        return al * v.reshape(-1) + be * o
+
+    hits = 0
+    for rep in range(3):
+        for off in (0, 1):
+            for al, be in ((1.0, 0.0), (0.5, 2.0)):
+                for as_int in (False, True):
+                    with_bias = not (rep == 2 and as_int)  # (bias None on some calls: the same slot, no bias)
+                    xf, yf = torch.randn(total + 3, device="cuda"), torch.randn(total + 3, device="cuda")
+                    x, y = xf[off:off + total], yf[off:off + total]
+                    around = yf.clone()
+                    if be == 0.0:
+                        y.fill_(float("nan"))
+                    before = _np(around[off:off + total])
+                    bufs = [x, y, scale, bias if with_bias else None]
+                    if as_int:
+                        bufs = [t.data_ptr() if t is not None else None for t in bufs]
+                    h0 = lib.map_stats()[0][k]
+                    P.norm_forward_inference(th, nd, al, be, xd, bufs[0], xd, bufs[1], sbd, bufs[2], bufs[3])
+                    hits += lib.map_stats()[0][k] - h0
+                    torch.cuda.synchronize()
+                    got = _np(y)
+                    np.testing.assert_allclose(got, ref(_np(x), al, be, before, with_bias), rtol=1e-4, atol=1e-4,
+                                               err_msg=f"{shape} rep {rep} off {off} {al} {be}")
+                    outside = torch.cat([yf[:off] != around[:off], yf[off + total:] != around[off + total:]])
+                    assert not bool(outside.any()), (shape, "written outside the descriptor's span")
+                    y.copy_(around[off:off + total])
+                    if be == 0.0:
+                        y.fill_(float("nan"))
+                    NM._py_norm_forward_inference(th, nd, al, be, xd, bufs[0], xd, bufs[1], sbd, bufs[2], bufs[3])
+                    torch.cuda.synchronize()
+                    assert np.array_equal(_np(y), got), (shape, rep, off)
+    assert hits >= 20, hits
+    x = torch.randn(total, device="cuda")
+    ref0 = _np(x)
+    P.norm_forward_inference(th, nd, 1.0, 0.0, xd, x, xd, x, sbd, scale, bias)  # in place: the Python function
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(_np(x), ref(ref0, 1.0, 0.0, 0.0 * ref0, True), rtol=1e-4, atol=1e-4)
