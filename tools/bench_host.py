@@ -142,6 +142,15 @@ def _act_py(h, buf):
     return (lambda b: f(h, a, 1.0, d, b[0], 0.0, d, b[1])), (xp, yp), (x, y), "relu"
 
 
+def _act_bwd(h, buf):
+    d = _td((1, 1, 1, 1))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    bufs = [buf(4) for _ in range(4)]
+    return ((lambda b: P.activation_backward(h, a, 1.0, d, b[0], d, b[1], d, b[2], 0.0, d, b[3])),
+            tuple(p for p, _ in bufs), tuple(o for _, o in bufs), "threshold_backward")
+
+
 def _add(h, buf):
     d = _td((1, 1, 1, 1))
     (ap, a), (cp, c) = buf(4), buf(4)
@@ -292,6 +301,7 @@ MHA_CASES = [("mha", f"multi_head_attn {k} b8 s512 e1024 h16 causal", _mha(k))
 
 CASES = [
     ("activation", "activation_forward relu 1 elem", _act),
+    ("activation", "activation_backward relu 1 elem", _act_bwd),
     ("tensor", "add_tensor 1 elem", _add),
     ("tensor", "op_tensor add 1 elem", _op),
     ("tensor", "scale_tensor 1 elem", _scale),
@@ -504,6 +514,113 @@ def run_ab(calls, rounds=5):
     return rows
 
 
+def run_ab_map(calls, rounds=5):
+    """The compiled entries of session 33 (tuning.callpath.C_ENTRY_MAP: activation_backward, add_tensor,
+    scale_tensor, op_tensor, transform_tensor on 1 element, softmax_forward 1x4, pooling_forward 2x2, reduce_tensor
+    4 -> 1, batch_normalization_forward_inference 1x2, norm_forward_inference 1x4) against the
+    Python functions behind them and PyTorch's op, int pointers and torch tensors, in alternating rounds on one
+    handle as run_ab (each form a functools.partial: no benchmark frame timed). Medians (min) over rounds, queued
+    and host only."""
+    import torch
+
+    from pydnn._build import fastcall
+    from pydnn.ops import activation as A
+    from pydnn.ops import batchnorm as BN
+    from pydnn.ops import normalization as NM
+    from pydnn.ops import pooling as PO
+    from pydnn.ops import reduce as R
+    from pydnn.ops import softmax as S
+    from pydnn.ops import tensor_ops as T
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    sync = torch.cuda.synchronize
+    d = _td((1, 1, 1, 1))
+    a = P.create_activation_descriptor()
+    P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+    op = P.create_op_tensor_descriptor()
+    P.set_op_tensor_descriptor(op, P.PYDNN_OP_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN)
+    t = [torch.randn(4, device="cuda") for _ in range(6)]
+    ip = [x.data_ptr() for x in t]
+    d4 = _td((1, 4, 1, 1))  # softmax over 4 channels
+    pxd, pyd = _td((1, 1, 2, 2)), _td((1, 1, 1, 1))  # max pooling 2x2
+    pd = P.create_pooling_descriptor()
+    P.set_pooling2d_descriptor(pd, P.PYDNN_POOLING_MAX, P.PYDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2)
+    sm = (P.PYDNN_SOFTMAX_ACCURATE, P.PYDNN_SOFTMAX_MODE_CHANNEL)
+    bnx = _td((1, 2, 1, 1))  # batch norm inference, 2 channels
+    bnsb = P.create_tensor_descriptor()
+    P.derive_bn_tensor_descriptor(bnsb, bnx, P.PYDNN_BATCHNORM_SPATIAL)
+    nd = P.create_norm_descriptor()  # layer norm over the 4 channels
+    P.set_norm_descriptor(nd, P.PYDNN_NORM_KIND_LAYER, 1, 3, 1e-5, None)
+    nsb, nmi = P.create_tensor_descriptor(), P.create_tensor_descriptor()
+    P.derive_norm_param_descriptors(nsb, nmi, d4, nd)
+    rd = P.create_reduce_tensor_descriptor()
+    P.set_reduce_tensor_descriptor(rd, P.PYDNN_REDUCE_TENSOR_ADD, P.PYDNN_DATA_FLOAT, P.PYDNN_NOT_PROPAGATE_NAN,
+                                   P.PYDNN_REDUCE_TENSOR_NO_INDICES, P.PYDNN_32BIT_INDICES)
+    calls_of = {
+        "activation_backward": lambda b: (h, a, 1.0, d, b[0], d, b[1], d, b[2], 0.0, d, b[3]),
+        "add_tensor": lambda b: (h, 1.0, d, b[0], 1.0, d, b[1]),
+        "scale_tensor": lambda b: (h, d, b[0], 2.0),
+        "op_tensor": lambda b: (h, op, 1.0, d, b[0], 1.0, d, b[1], 0.0, d, b[2]),
+        "transform_tensor": lambda b: (h, 1.0, d, b[0], 0.0, d, b[1]),
+        "softmax_forward": lambda b: (h, *sm, 1.0, d4, b[0], 0.0, d4, b[1]),
+        "pooling_forward": lambda b: (h, pd, 1.0, pxd, b[0], 0.0, pyd, b[1]),
+        "reduce_tensor": lambda b: (h, rd, None, 0, None, 0, 1.0, d4, b[0], 0.0, d, b[1]),  # (no workspace)
+        "batch_normalization_forward_inference": lambda b: (h, P.PYDNN_BATCHNORM_SPATIAL, 1.0, 0.0, bnx, b[0], bnx,
+                                                            b[1], bnsb, b[2], b[3], b[4], b[5], 1e-5),
+        "norm_forward_inference": lambda b: (h, nd, 1.0, 0.0, d4, b[0], d4, b[1], nsb, b[2], b[3]),
+    }
+    x = t[0][:1]
+    x4, x22 = t[0], t[0].view(1, 1, 2, 2)
+    torch_of = {"activation_backward": functools.partial(torch.ops.aten.threshold_backward, x, x, 0.0),
+                "add_tensor": functools.partial(x.add_, x), "scale_tensor": functools.partial(x.mul_, 2.0),
+                "op_tensor": functools.partial(torch.add, x, x), "transform_tensor": functools.partial(x.copy_, x),
+                "softmax_forward": functools.partial(torch.softmax, x4, 0),
+                "pooling_forward": functools.partial(torch.nn.functional.max_pool2d, x22, 2),
+                "reduce_tensor": functools.partial(torch.sum, x4),
+                "batch_normalization_forward_inference": functools.partial(
+                    torch.nn.functional.batch_norm, t[0][:2].view(1, 2, 1, 1), t[4][:2], t[5][:2].abs() + 1,
+                    t[2][:2], t[3][:2], False, 0.1, 1e-5),
+                "norm_forward_inference": functools.partial(torch.nn.functional.layer_norm, x4, (4,), t[2], t[3],
+                                                            1e-5)}
+    for name, mk in calls_of.items():  # plans; the first compiled record sets the entries up; fills the slots
+        for b in (ip, t):
+            for _ in range(3):
+                getattr(P, name)(*mk(b))
+    forms = {}
+    for name, mk in calls_of.items():
+        mod = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R,
+               "batch_normalization_forward_inference": BN, "norm_forward_inference": NM}.get(name, T)
+        py = getattr(mod, "_py_" + name)
+        for kind, b in (("int", ip), ("torch", t)):
+            forms[f"{name} entry, {kind}"] = functools.partial(getattr(P, name), *mk(b))
+            forms[f"{name} Python function, {kind}"] = functools.partial(py, *mk(b))
+        forms[f"{name}: PyTorch's op"] = torch_of[name]
+    lib = fastcall._state.get("lib")
+    print(f"ab-map: pydnn.add_tensor is {type(P.add_tensor).__name__}; slot hits so far "
+          f"{lib.map_stats() if lib is not None and hasattr(lib, 'map_stats') else 'n/a'}", flush=True)
+    res = {k: ([], []) for k in forms}
+    for r in range(rounds):
+        for k, f in forms.items():
+            q = time_us(f, calls, 3)
+            sync()
+            ho = time_us_host(f, calls, sync, repeats=3)
+            res[k][0].append(q)
+            res[k][1].append(ho)
+        print(f"ab-map round {r + 1}/{rounds} done", flush=True)
+    rows = []
+    for k, (q, ho) in res.items():
+        rows.append({"family": "ab-map", "case": k, "int_us": statistics.median(q), "int_host": statistics.median(ho),
+                     "obj_us": float("nan"), "torch_us": float("nan")})
+        print(f"ab-map {k:45s} queued {statistics.median(q):6.2f} us (min {min(q):.2f}) | host only "
+              f"{statistics.median(ho):6.2f} us (min {min(ho):.2f})", flush=True)
+    if lib is not None and hasattr(lib, "map_stats"):
+        print(f"ab-map: slot hits {lib.map_stats()}", flush=True)
+    sync()
+    pydnn.destroy(h)
+    return rows
+
+
 def run_gpu(families, calls, label=""):
     import torch
 
@@ -514,7 +631,8 @@ def run_gpu(families, calls, label=""):
     x1 = torch.randn(1, device="cuda")
     torch_ops = {"relu": lambda: torch.relu(x1), "add_": lambda: x1.add_(x1), "add": lambda: torch.add(x1, x1),
                  "mul_": lambda: x1.mul_(1.0), "copy_": lambda: x1.copy_(x1),
-                 "softmax": lambda: torch.softmax(x1, 0), "sum": lambda: x1.sum()}
+                 "softmax": lambda: torch.softmax(x1, 0), "sum": lambda: x1.sum(),
+                 "threshold_backward": lambda: torch.ops.aten.threshold_backward(x1, x1, 0.0)}
     cases = list(CASES)
     if not families or "activation" in families:  # the Python function itself, without its C entry (C_ENTRY)
         cases.insert(1, ("activation", "activation_forward [the Python function]", _act_py))
@@ -729,6 +847,10 @@ def main():
                    help="also Graph.execute on built plans (the 8-op chain, matmul + bias + GELU)")
     p.add_argument("--ab", action="store_true",
                    help="activation_forward's C entry vs the Python function vs torch.relu, alternating rounds")
+    p.add_argument("--ab-map", action="store_true",
+                   help="the element-wise calls' compiled entries vs their Python functions vs PyTorch, alternating "
+                        "rounds (session 33)")
+    p.add_argument("--ab-rounds", type=int, default=5, help="rounds of --ab / --ab-map")
     p.add_argument("--graph-matmul", action="store_true", help="with --graph on a GPU: the fused matmul graph too")
     p.add_argument("--no-c-launch-off", action="store_true",
                    help="with --quick on a GPU: skip the pass with tuning.callpath.C_LAUNCH off")
@@ -759,7 +881,9 @@ def main():
     else:
         rows = run_gpu(families, args.calls) if gpu else run_cpu(families, args.calls)
     if gpu and args.ab:
-        rows += run_ab(args.calls)
+        rows += run_ab(args.calls, args.ab_rounds)
+    if gpu and args.ab_map:
+        rows += run_ab_map(args.calls, args.ab_rounds)
     md = to_markdown(rows, gpu)
     if args.graph:
         grows = run_graph(args.calls, gpu, matmul=args.graph_matmul or not gpu)

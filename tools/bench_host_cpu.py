@@ -104,6 +104,38 @@ def fake_libcuda_dir():
     return d
 
 
+class LaunchLog:
+    """What the stand-in libcuda.so.1 was given (in a process that loaded it: LD_LIBRARY_PATH set before the start):
+    drain() -> [[[func, stream, smem, grid + block], ...] of the launches since the last drain, the whole parameter
+    struct of the last launch as hex (capture(n) bytes of it)]; records(cap) -> the raw records (their first 64
+    parameter bytes in .params)."""
+
+    def __init__(self, capture=0, cap=64):
+        import ctypes
+
+        class Rec(ctypes.Structure):
+            _fields_ = [("func", ctypes.c_uint64), ("stream", ctypes.c_uint64), ("smem", ctypes.c_uint64),
+                        ("dims", ctypes.c_uint32 * 6), ("params", ctypes.c_uint8 * 64)]
+
+        self.ctypes, self.Rec, self.cap = ctypes, Rec, cap
+        self.fake = ctypes.CDLL("libcuda.so.1")
+        self.capture(capture)
+
+    def capture(self, n):
+        self.n = n
+        self.fake.fake_capture(n)
+
+    def records(self, cap=None):
+        buf = (self.Rec * (cap or self.cap))()
+        return buf[:self.fake.fake_launches(buf, cap or self.cap)]
+
+    def drain(self):
+        recs = self.records()
+        full = (self.ctypes.c_uint8 * max(self.n, 1))()
+        self.fake.fake_last_params(full, self.n)
+        return [[[r.func, r.stream, r.smem, list(r.dims)] for r in recs], bytes(full[:self.n]).hex()]
+
+
 def _torch_like_type():
     ns = {"is_cuda": True, "requires_grad": False, "__init__": lambda self, p, n: self.__dict__.update(_p=p, nbytes=n),
           "data_ptr": lambda self: self._p, "is_contiguous": lambda self: True, "device": "cuda:0",

@@ -482,6 +482,394 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_FALSE;
 }
 
+/* The element-wise family's other cached calls answered here as activation_forward's (pydnn/ops/_elementwise.py,
+   tuning.callpath.C_ENTRY_MAP): activation_backward, add_tensor, scale_tensor, op_tensor, transform_tensor. A
+   kind says where each call's handle, descriptors, float scalars and buffers are among its arguments and which
+   of the record's spans (Prepared.need) each buffer must cover. Unlike act_try, a kind never looks a record up:
+   its call-site slots are filled by the entry after the Python function answered a call from its cache and
+   noted the record it launched (map_note), under the records' generation read before the Python function ran
+   and unchanged after it (no Set / Destroy / set_stream / switch change in between: the record is the one the
+   key names now). A call that finds its slot - the same handle and descriptor objects, the generation unchanged
+   - checks what can differ between calls exactly as the Python function's cached path does (the handle alive,
+   float scalars, launch_args not replaced, no recording, PYDNN_CHECKED off, each buffer a positive int, a CUDA
+   torch tensor / cupy array covering its span) and launches with run_map's map_core; anything else declines to
+   the Python function, which decides and reports errors as before. */
+#define MK_SLOTS 16
+#define MK_KINDS 10
+typedef struct {
+    int nargs, ndesc, desc[5];    /* the handle is argument 0; desc: the other arguments the key names (held by
+                                     identity: descriptors, and softmax's algo / mode ints) */
+    int alpha, alpha2, beta;      /* argument positions of float scalars; -1: the constant below */
+    double c_alpha2, c_beta;
+    int out, out_need, nin, in[3], in_need[3];
+    int transform;                /* transform_tensor: the key's copy flag must be what the call makes it */
+    int core;                     /* 0: a map record (map_core); 1: a plan record (plan_core); 2: reduce's plan
+                                     record (plan_core after mk_reduce_extra) */
+} map_kind_t;
+
+/* A planned launch of softmax / pooling (their _Plan: launches[0] when the pointers pass the plan's alignment,
+   else launches[-1]), as their _run patches and launches it: each pointer a multiple of the element size (else
+   declined: the Python function names it), the pointer fields at ptr_off (the call's pointers, then 0s), alpha
+   and beta as doubles, the flags word keeping flags_keep's bits and flag_beta when beta != 0. */
+typedef struct {
+    uint64_t func, argv, params, finish;  /* finish: a second launch with the same parameters (reduce's), or 0 */
+    uint32_t grid[3], block[3], fgrid[3], fblock[3];
+} pk_launch_t;
+typedef struct {
+    pk_launch_t l[2];
+    uint32_t nl, align;           /* align 0: every pointer 16-byte aligned; 1: congruent with the second mod 16;
+                                     2: the second (the input) 16-byte aligned (reduce's align_mask) */
+    uint32_t isz, nfield;         /* isz 0: no element alignment asked */
+    uint32_t ptr_off[4];
+    uint32_t alpha_off, beta_off, flags_off, flags_keep, flag_beta, flags_or;
+    uint64_t ws_need;             /* reduce: the workspace bytes the plan needs (0: none; its pointer is 0) */
+    uint32_t ws_align, decline;   /* decline: the Python function's always (reduce with indices) */
+} pk_rec_t;
+
+static int plan_core(uint64_t rec, uint64_t stream, const uint64_t *ptrs, int n, double alpha, double beta) {
+    const pk_rec_t *r = (const pk_rec_t *)(uintptr_t)rec;
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+        if (r->isz && ptrs[i] % r->isz) return -1;
+        if (r->align == 2) ok &= i != 1 || (ptrs[i] & 15) == 0;
+        else ok &= r->align ? ((ptrs[i] - ptrs[1]) & 15) == 0 : (ptrs[i] & 15) == 0;
+    }
+    const pk_launch_t *L = &r->l[r->nl > 1 && !ok ? 1 : 0];
+    unsigned char *p = (unsigned char *)(uintptr_t)L->params;
+    for (uint32_t f = 0; f < r->nfield && f < 4; f++) {
+        uint64_t v = (int)f < n ? ptrs[f] : 0;
+        memcpy(p + r->ptr_off[f], &v, 8);
+    }
+    memcpy(p + r->alpha_off, &alpha, 8);
+    memcpy(p + r->beta_off, &beta, 8);
+    uint32_t fl;
+    memcpy(&fl, p + r->flags_off, 4);
+    fl = (fl & r->flags_keep) | (beta != 0.0 ? r->flag_beta : 0) | r->flags_or;
+    memcpy(p + r->flags_off, &fl, 4);
+    int err = cu_launch((void *)(uintptr_t)L->func, L->grid[0], L->grid[1], L->grid[2], L->block[0], L->block[1],
+                        L->block[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)L->argv, NULL);
+    if (err || !L->finish) return err;
+    /* a failed second launch: declined, and the Python function launches both again and reports the error */
+    return cu_launch((void *)(uintptr_t)L->finish, L->fgrid[0], L->fgrid[1], L->fgrid[2], L->fblock[0], L->fblock[1],
+                     L->fblock[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)L->argv, NULL);
+}
+
+static const map_kind_t mk_kinds[MK_KINDS] = {
+    /* 0 activation_backward(h, a, alpha, yD, y, dyD, dy, xD, x, beta, dxD, dx): dx <- (dy, y, x); alpha2 unused (1) */
+    {12, 5, {1, 3, 5, 7, 10}, 2, -1, 9, 1.0, 0.0, 11, 0, 3, {6, 4, 8}, {1, 2, 3}, 0, 0},
+    /* 1 add_tensor(h, alpha, aD, A, beta, cD, C): C <- A */
+    {7, 2, {2, 5}, 1, -1, 4, 0.0, 0.0, 6, 0, 1, {3}, {1}, 0, 0},
+    /* 2 scale_tensor(h, yD, y, alpha): y <- y, beta 0 */
+    {4, 1, {1}, 3, -1, -1, 0.0, 0.0, 2, 0, 1, {2}, {0}, 0, 0},
+    /* 3 op_tensor(h, opD, alpha1, aD, A, alpha2, bD, B, beta, cD, C): C <- (A, B), or A alone (SQRT, NOT: the
+       slot's input count) */
+    {11, 4, {1, 3, 6, 9}, 2, 5, 8, 0.0, 0.0, 10, 0, 2, {4, 7}, {1, 2}, 0, 0},
+    /* 4 transform_tensor(h, alpha, xD, x, beta, yD, y): y <- x */
+    {7, 2, {2, 5}, 1, -1, 4, 0.0, 0.0, 6, 0, 1, {3}, {1}, 1, 0},
+    /* 5 softmax_forward(h, algo, mode, alpha, xD, x, beta, yD, y): y <- x (a plan) */
+    {9, 4, {1, 2, 4, 7}, 3, -1, 6, 0.0, 0.0, 8, 0, 1, {5}, {1}, 0, 1},
+    /* 6 pooling_forward(h, poolingD, alpha, xD, x, beta, yD, y): y <- x (a plan) */
+    {8, 3, {1, 3, 6}, 2, -1, 5, 0.0, 0.0, 7, 0, 1, {4}, {1}, 0, 1},
+    /* 7 reduce_tensor(h, reduceD, indices, indicesSize, workspace, workspaceSize, alpha, aD, A, beta, cD, C): C <- A
+       (a plan; its workspace and sizes checked in mk_reduce_extra) */
+    {12, 3, {1, 7, 10}, 6, -1, 9, 0.0, 0.0, 11, 0, 1, {8}, {1}, 0, 2},
+    /* 8 batch_normalization_forward_inference(h, mode, alpha, beta, xD, x, yD, y, bnD, scale, bias, mean, var, eps):
+       its buffers, epsilon and launch in bn_core (a bn_rec_t) */
+    {14, 4, {1, 4, 6, 8}, 2, -1, 3, 0.0, 0.0, 7, 0, 0, {0}, {0}, 0, 3},
+    /* 9 norm_forward_inference(h, normD, alpha, beta, xD, x, yD, y, scaleBiasD, scale, bias): its buffers and
+       launches in nm_core (an nm_rec_t) */
+    {11, 4, {1, 4, 6, 8}, 2, -1, 3, 0.0, 0.0, 7, 0, 0, {0}, {0}, 0, 4},
+};
+
+typedef struct {
+    PyObject *obj[6], *rec;      /* the handle, the kind's descriptors (strong: no address reused while held) */
+    uint64_t gen, crec, stream;
+    long long need[4];
+    int nin, copy, same;
+} mk_slot_t;
+static mk_slot_t mk_slots[MK_KINDS][MK_SLOTS];
+static uint64_t mk_hits[MK_KINDS];
+static int mk_on;                 /* map_setup done (tuning.callpath.C_ENTRY_MAP) */
+/* what the Python function noted on its cached path (map_note), for the entry that called it */
+static PyObject *mk_noted;
+static int mk_noted_kind = -1, mk_noted_depth = -1, mk_noted_nin, mk_noted_copy, mk_noted_same, mk_depth;
+/* the thread that noted: another thread's Python function may run (and note) while this one's runs - the GIL is
+   released between bytecodes - and its record must not be taken for this call's arguments */
+static PyThreadState *mk_noted_ts;
+
+static unsigned mk_index(const map_kind_t *k, PyObject *const *args) {
+    uintptr_t x = (uintptr_t)args[0] >> 4;
+    for (int i = 0; i < k->ndesc; i++) x ^= (uintptr_t)args[k->desc[i]] >> (5 + 2 * i);
+    return (unsigned)((x ^ (x >> 11) ^ (x >> 23)) % MK_SLOTS);
+}
+
+static void mk_clear_slot(mk_slot_t *s) {
+    for (int i = 0; i < 6; i++) Py_CLEAR(s->obj[i]);
+    Py_CLEAR(s->rec);
+}
+
+static void mk_clear_all(void) {
+    for (int k = 0; k < MK_KINDS; k++)
+        for (int i = 0; i < MK_SLOTS; i++) mk_clear_slot(&mk_slots[k][i]);
+}
+
+static int mk_float(PyObject *const *args, int pos, double c, double *v) {
+    if (pos < 0) { *v = c; return 1; }
+    if (!PyFloat_CheckExact(args[pos])) return 0;
+    *v = PyFloat_AS_DOUBLE(args[pos]);
+    return 1;
+}
+
+/* batch_normalization_forward_inference's cached call as its Python function makes it (pydnn/ops/batchnorm.py): epsilon
+   a float >= PYDNN_BN_MIN_EPSILON; x and y positive ints or tensors covering their spans, aligned to their elements,
+   not overlapping (an overlap - in place included - is the Python function's: no_partial_alias); scale, bias, mean
+   and var covering the parameters' bytes, aligned to the statistics' type; then the launch _pick would choose for
+   x | y: a 16-byte aligned pair, else one aligned to the mid vector width, else the rest (tier 2), each tier one
+   launch whose fields (chunk_rows, row_begin, row_end: offset, size, value) are written into the shared params with
+   the 17 pointers, alpha, beta, eps and the flags. A tier whose kernel the Python path has not loaded yet: declined. */
+typedef struct {
+    uint64_t func;
+    uint32_t grid[3], block[3], nfield, pad_;
+    uint32_t off[8], size[8];
+    uint64_t val[8];
+} bn_launch_t;
+typedef struct {
+    bn_launch_t tier[3];
+    uint64_t params, argv, xs, ys, pbytes;
+    uint32_t isz, asz, vm_bytes, flags_off, flags_base, flag_beta, eps_off, alpha_off;
+    double min_eps;
+} bn_rec_t;
+
+static int bn_core(const bn_rec_t *r, uint64_t stream, PyObject *const *args, PyObject *tt, double al, double be) {
+    if (!PyFloat_CheckExact(args[13])) return -1;
+    double eps = PyFloat_AS_DOUBLE(args[13]);
+    if (!(eps >= r->min_eps)) return -1;
+    uint64_t x, y, prm[4];
+    if (!act_buffer(args[5], tt, (long long)r->xs, &x) || !act_buffer(args[7], tt, (long long)r->ys, &y)) return -1;
+    if (x % r->isz || y % r->isz) return -1;
+    if (y < x + r->xs && x < y + r->ys) return -1;
+    for (int i = 0; i < 4; i++)
+        if (!act_buffer(args[9 + i], tt, (long long)r->pbytes, &prm[i]) || prm[i] % r->asz) return -1;
+    uint64_t orb = x | y;
+    int t = (orb & 15) == 0 ? 0 : (r->vm_bytes && orb % r->vm_bytes == 0) ? 1 : 2;
+    const bn_launch_t *L = &r->tier[t];
+    if (!L->func) return -1;
+    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
+    uint64_t ptrs[17] = {x, y, 0, 0, 0, 0, 0, prm[0], prm[1], prm[2], prm[3], 0, 0, 0, 0, 0, 0};
+    memcpy(p, ptrs, sizeof ptrs);
+    memcpy(p + r->alpha_off, &al, 8);
+    memcpy(p + r->alpha_off + 8, &be, 8);
+    memcpy(p + r->eps_off, &eps, 8);
+    uint32_t fl = r->flags_base | (be != 0.0 ? r->flag_beta : 0);
+    memcpy(p + r->flags_off, &fl, 4);
+    for (uint32_t i = 0; i < L->nfield && i < 8; i++) memcpy(p + L->off[i], &L->val[i], L->size[i] <= 8 ? L->size[i] : 8);
+    return cu_launch((void *)(uintptr_t)L->func, L->grid[0], L->grid[1], L->grid[2], L->block[0], L->block[1],
+                     L->block[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
+}
+
+/* norm_forward_inference's cached call as its Python function makes it (pydnn/ops/normalization.py's _forward,
+   _pointers_fwd, _run): x and y covering their spans and aligned to their elements, not overlapping (the Python
+   function's: no_partial_alias), scale covering the parameters and 4-byte aligned, bias None / 0 or the same; the
+   alternative by x | y's 16-byte alignment where the plan has two (vec_first); each of its launches gets the 10
+   pointers (out, x, 0, scale, bias, 0...) and alpha, beta, 0, 0 at the start of its params, the flags without beta2
+   / stats and with beta when beta != 0. An alternative whose kernels the Python path has not loaded: declined. */
+typedef struct {
+    uint64_t func, argv, params;
+    uint32_t grid[3], block[3], smem, pad_;
+} nm_launch_t;
+typedef struct {
+    nm_launch_t alt[2][4];
+    uint32_t nl[2], nalt, vec_first;
+    uint64_t xs, ys, sbs;
+    uint32_t isz, flags_off, flags_clear, flag_beta;
+} nm_rec_t;
+
+static int nm_core(const nm_rec_t *r, uint64_t stream, PyObject *const *args, PyObject *tt, double al, double be) {
+    uint64_t x, y, sc, bi = 0;
+    if (!act_buffer(args[5], tt, (long long)r->xs, &x) || !act_buffer(args[7], tt, (long long)r->ys, &y)) return -1;
+    if (x % r->isz || y % r->isz) return -1;
+    if (y < x + r->xs && x < y + r->ys) return -1;
+    if (!act_buffer(args[9], tt, (long long)r->sbs, &sc) || sc % 4) return -1;
+    PyObject *b = args[10];
+    if (!(b == Py_None || (PyLong_CheckExact(b) && PyLong_AsLongLong(b) == 0))) {
+        if (PyErr_Occurred() || !act_buffer(b, tt, (long long)r->sbs, &bi) || bi % 4) return -1;
+    }
+    int a = (r->nalt > 1 && r->vec_first && ((x | y) % 16)) ? 1 : 0;
+    if (!r->nl[a]) return -1;
+    for (uint32_t i = 0; i < r->nl[a]; i++)
+        if (!r->alt[a][i].func) return -1;
+    uint64_t ptrs[10] = {y, x, 0, sc, bi, 0, 0, 0, 0, 0};
+    double sc4[4] = {al, be, 0.0, 0.0};
+    for (uint32_t i = 0; i < r->nl[a]; i++) {
+        const nm_launch_t *L = &r->alt[a][i];
+        unsigned char *p = (unsigned char *)(uintptr_t)L->params;
+        memcpy(p, ptrs, sizeof ptrs);
+        memcpy(p + sizeof ptrs, sc4, sizeof sc4);
+        uint32_t fl;
+        memcpy(&fl, p + r->flags_off, 4);
+        fl = (fl & ~r->flags_clear) | (be != 0.0 ? r->flag_beta : 0);
+        memcpy(p + r->flags_off, &fl, 4);
+        int err = cu_launch((void *)(uintptr_t)L->func, L->grid[0], L->grid[1], L->grid[2], L->block[0], L->block[1],
+                            L->block[2], L->smem, (void *)(uintptr_t)stream, (void **)(uintptr_t)L->argv, NULL);
+        if (err) return err; /* (a later launch failed: the Python function launches them all again and reports) */
+    }
+    return 0;
+}
+
+/* reduce_tensor's arguments besides its tensors, as its _buffers checks them: both sizes plain ints >= 0, no
+   indices wanted (else the Python function's), the workspace (when the plan has one) at least its bytes by size
+   and by buffer and WS_ALIGN-aligned; 1 with its address in *ws */
+static int mk_reduce_extra(PyObject *const *args, PyObject *tt, const pk_rec_t *r, uint64_t *ws) {
+    if (r->decline || !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[5])) return 0;
+    long long isz = PyLong_AsLongLong(args[3]), wsz = PyLong_AsLongLong(args[5]);
+    if (isz < 0 || wsz < 0) return 0; /* (an overflow: -1 and an exception, cleared by the caller) */
+    *ws = 0;
+    if (!r->ws_need) return 1;
+    if ((unsigned long long)wsz < r->ws_need) return 0;
+    if (!act_buffer(args[4], tt, (long long)r->ws_need, ws)) return 0;
+    return r->ws_align ? *ws % r->ws_align == 0 : 1;
+}
+
+/* 1: answered (launched); 0: declined, no exception set */
+static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
+    const map_kind_t *k = &mk_kinds[kind];
+    if (!mk_on || !act_gen || nargs != k->nargs || !act_driver_dict) return 0;
+    uint64_t gen = __atomic_load_n(act_gen, __ATOMIC_ACQUIRE);
+    mk_slot_t *s = &mk_slots[kind][mk_index(k, args)];
+    if (s->obj[0] != args[0] || s->gen != gen || !s->rec) return 0;
+    for (int i = 0; i < k->ndesc; i++)
+        if (s->obj[1 + i] != args[k->desc[i]]) return 0;
+    double al, a2, be;
+    if (!mk_float(args, k->alpha, 0.0, &al) || !mk_float(args, k->alpha2, k->c_alpha2, &a2) ||
+        !mk_float(args, k->beta, k->c_beta, &be))
+        return 0;
+    if (k->transform && (s->same && al == 1.0 && be == 0.0) != s->copy) return 0;
+    int done = 0;
+    PyObject *t = PyObject_GetAttr(args[0], s_alive), *tt = NULL; /* tt borrowed */
+    uint64_t o = 0, ins[3] = {0, 0, 0};
+    if (t != Py_True || !act_module_ok(&tt)) goto out;
+    if (k->core == 3 || k->core == 4) {
+        done = (k->core == 3 ? bn_core((const bn_rec_t *)(uintptr_t)s->crec, s->stream, args, tt, al, be)
+                             : nm_core((const nm_rec_t *)(uintptr_t)s->crec, s->stream, args, tt, al, be)) == 0;
+        mk_hits[kind] += done;
+        goto out;
+    }
+    if (!act_buffer(args[k->out], tt, s->need[k->out_need], &o)) goto out;
+    for (int j = 0; j < s->nin; j++)
+        if (!act_buffer(args[k->in[j]], tt, s->need[k->in_need[j]], &ins[j])) goto out;
+    if (k->core == 1) {
+        uint64_t ptrs[4] = {o, ins[0], ins[1], ins[2]};
+        done = plan_core(s->crec, s->stream, ptrs, 1 + s->nin, al, be) == 0;
+    } else if (k->core == 2) {
+        uint64_t ptrs[4] = {o, ins[0], 0, 0}; /* out, in_, indices (none), workspace */
+        if (mk_reduce_extra(args, tt, (const pk_rec_t *)(uintptr_t)s->crec, &ptrs[3]))
+            done = plan_core(s->crec, s->stream, ptrs, 4, al, be) == 0;
+    } else {
+        done = map_core(s->crec, s->stream, o, ins, s->nin, al, a2, be) == 0;
+    }
+    mk_hits[kind] += done;
+out:
+    Py_XDECREF(t);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return done;
+}
+
+/* after the Python function answered args (gen0: the generation before it ran): the slot of this call site
+   takes the record it noted. Never raises. */
+static void mk_fill(int kind, PyObject *const *args, Py_ssize_t nargs, uint64_t gen0) {
+    const map_kind_t *k = &mk_kinds[kind];
+    PyObject *rec = mk_noted, *crec = NULL, *need = NULL, *st = NULL;
+    mk_noted = NULL;
+    if (!rec) return;
+    if (mk_noted_kind != kind || mk_noted_depth != mk_depth || mk_noted_ts != PyThreadState_Get() ||
+        nargs != k->nargs || !act_gen ||
+        __atomic_load_n(act_gen, __ATOMIC_ACQUIRE) != gen0 || mk_noted_nin < 0 || mk_noted_nin > k->nin)
+        goto out;
+    mk_slot_t *s = &mk_slots[kind][mk_index(k, args)];
+    uint64_t c = 0, stream = 0;
+    if (!(crec = PyObject_GetAttr(rec, s_crec)) || !PyLong_CheckExact(crec) || u64(crec, &c) || !c) goto out;
+    if (s->rec == rec && s->crec == c && s->gen == gen0 && s->obj[0] == args[0]) { /* already this site's */
+        int same = 1;
+        for (int i = 0; i < k->ndesc; i++) same &= s->obj[1 + i] == args[k->desc[i]];
+        if (same && s->nin == mk_noted_nin && s->copy == mk_noted_copy && s->same == mk_noted_same) goto out;
+    }
+    long long nd[4] = {0, 0, 0, 0};
+    Py_ssize_t nn = 0;
+    if (k->core < 3) { /* (batch norm's and normalization's records hold their own spans) */
+        if (!(need = PyObject_GetAttr(rec, s_need)) || !PyTuple_CheckExact(need)) goto out;
+        nn = PyTuple_GET_SIZE(need);
+    }
+    if (nn > 4) goto out;
+    for (Py_ssize_t i = 0; i < nn; i++) {
+        nd[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(need, i));
+        if (PyErr_Occurred()) goto out;
+    }
+    if (k->core < 3 && k->out_need >= nn) goto out;
+    for (int j = 0; j < mk_noted_nin; j++)
+        if (k->in_need[j] >= nn) goto out;
+    if (!(st = PyObject_GetAttr(args[0], s_stream)) || !PyLong_CheckExact(st) || u64(st, &stream)) goto out;
+    mk_clear_slot(s);
+    Py_INCREF(args[0]);
+    s->obj[0] = args[0];
+    for (int i = 0; i < k->ndesc; i++) {
+        Py_INCREF(args[k->desc[i]]);
+        s->obj[1 + i] = args[k->desc[i]];
+    }
+    Py_INCREF(rec);
+    s->rec = rec;
+    s->gen = gen0; s->crec = c; s->stream = stream;
+    memcpy(s->need, nd, sizeof nd);
+    s->nin = mk_noted_nin; s->copy = mk_noted_copy; s->same = mk_noted_same;
+out:
+    Py_XDECREF(rec); Py_XDECREF(crec); Py_XDECREF(need); Py_XDECREF(st);
+    mk_noted_kind = -1;
+    if (PyErr_Occurred()) PyErr_Clear();
+}
+
+/* map_note(kind, record, inputs, copy, same): the Python function's cached path launched `record` with that many
+   inputs (transform_tensor: its key's copy flag and whether x and y share a data type) */
+static PyObject *fc_map_note(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "map_note takes 5 arguments");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]), nin = PyLong_AsLong(args[2]);
+    int copy = PyObject_IsTrue(args[3]), same = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    Py_INCREF(args[1]);
+    Py_XSETREF(mk_noted, args[1]);
+    mk_noted_kind = (int)kind; mk_noted_depth = mk_depth; mk_noted_nin = (int)nin;
+    mk_noted_ts = PyThreadState_Get();
+    mk_noted_copy = copy; mk_noted_same = same;
+    Py_RETURN_NONE;
+}
+
+/* map_setup(): the kinds answer from now on (act_setup first: the module objects they read); map_stats() ->
+   (hits per kind, occupied slots per kind); map_forget(): empty the slots (tests) */
+static PyObject *fc_map_setup(PyObject *self, PyObject *unused) {
+    if (!act_driver_dict || !act_gen) Py_RETURN_FALSE;
+    mk_clear_all();
+    mk_on = 1;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *fc_map_stats(PyObject *self, PyObject *unused) {
+    PyObject *hits = PyTuple_New(MK_KINDS), *occ = PyTuple_New(MK_KINDS);
+    if (!hits || !occ) { Py_XDECREF(hits); Py_XDECREF(occ); return NULL; }
+    for (int k = 0; k < MK_KINDS; k++) {
+        int n = 0;
+        for (int i = 0; i < MK_SLOTS; i++) n += mk_slots[k][i].rec != NULL;
+        PyTuple_SET_ITEM(hits, k, PyLong_FromUnsignedLongLong(mk_hits[k]));
+        PyTuple_SET_ITEM(occ, k, PyLong_FromLong(n));
+    }
+    return Py_BuildValue("(NN)", hits, occ);
+}
+
+static PyObject *fc_map_forget(PyObject *self, PyObject *unused) {
+    mk_clear_all();
+    Py_RETURN_NONE;
+}
+
 /* The public activation_forward itself as a callable object (act_entry(fallback)): act_try, and for anything
    it declines (keywords included) the fallback - the Python function - with the same arguments. No Python
    frame of its own: the Python entry it replaces (a def calling act_fwd) cost ~0.2-0.3 us a call here. Has a
@@ -490,11 +878,38 @@ typedef struct {
     PyObject_HEAD
     PyObject *fallback, *dict;
     vectorcallfunc vectorcall;
+    int kind; /* -1: activation_forward (act_try); else a map kind (mk_try) */
 } entry_t;
 
 static PyObject *entry_vcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    if (!kwnames && act_try(args, PyVectorcall_NARGS(nargsf))) Py_RETURN_NONE;
-    return PyObject_Vectorcall(((entry_t *)self)->fallback, args, nargsf, kwnames);
+    entry_t *e = (entry_t *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (e->kind < 0) {
+        if (!kwnames && act_try(args, n)) Py_RETURN_NONE;
+        return PyObject_Vectorcall(e->fallback, args, nargsf, kwnames);
+    }
+    if (!kwnames && mk_try(e->kind, args, n)) Py_RETURN_NONE;
+    if (kwnames || !mk_on || !act_gen) return PyObject_Vectorcall(e->fallback, args, nargsf, kwnames);
+    /* the Python function answers; if it noted the record of its cached path (at this depth: not a nested
+       entry's) and no generation move happened meanwhile, this call site's slot takes it */
+    uint64_t gen0 = __atomic_load_n(act_gen, __ATOMIC_ACQUIRE);
+    Py_CLEAR(mk_noted);
+    mk_noted_kind = -1;
+    mk_depth++;
+    PyObject *r = PyObject_Vectorcall(e->fallback, args, nargsf, NULL);
+    mk_depth--;
+    if (r) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        mk_depth++; /* the note was made inside the call, one level down */
+        mk_fill(e->kind, args, n, gen0);
+        mk_depth--;
+        PyErr_Restore(et, ev, tb);
+    } else {
+        Py_CLEAR(mk_noted);
+        mk_noted_kind = -1;
+    }
+    return r;
 }
 
 static void entry_dealloc(PyObject *self) {
@@ -538,7 +953,21 @@ static PyObject *fc_act_entry(PyObject *self, PyObject *fallback) {
     e->fallback = fallback;
     e->dict = NULL;
     e->vectorcall = entry_vcall;
+    e->kind = -1;
     return (PyObject *)e;
+}
+
+/* map_entry(kind, fallback): a map kind's public function as a compiled callable over its Python function */
+static PyObject *fc_map_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long kind = nargs == 2 ? PyLong_AsLong(args[0]) : -2;
+    if (PyErr_Occurred()) return NULL;
+    if (kind < 0 || kind >= MK_KINDS) {
+        PyErr_SetString(PyExc_ValueError, "map_entry takes (kind, callable) with a known kind");
+        return NULL;
+    }
+    PyObject *e = fc_act_entry(self, args[1]);
+    if (e) ((entry_t *)e)->kind = (int)kind;
+    return e;
 }
 
 static PyMethodDef methods[] = {
@@ -548,6 +977,11 @@ static PyMethodDef methods[] = {
     {"act_probe", (PyCFunction)(void (*)(void))fc_act_probe, METH_FASTCALL, "act_buffer's tensor reads (tests)"},
     {"act_entry", fc_act_entry, METH_O, "activation_forward as a compiled callable over its Python function"},
     {"act_forget", fc_act_forget, METH_NOARGS, "empty the call-site slots"},
+    {"map_note", (PyCFunction)(void (*)(void))fc_map_note, METH_FASTCALL, "the record a cached call launched"},
+    {"map_setup", fc_map_setup, METH_NOARGS, "the map kinds answer from now on"},
+    {"map_stats", fc_map_stats, METH_NOARGS, "(hits per map kind, occupied slots per kind)"},
+    {"map_forget", fc_map_forget, METH_NOARGS, "empty the map kinds' slots"},
+    {"map_entry", (PyCFunction)(void (*)(void))fc_map_entry, METH_FASTCALL, "a map kind's compiled entry"},
     {"patch_launch", (PyCFunction)(void (*)(void))fc_patch_launch, METH_FASTCALL, "a patched generated-kernel launch"},
     {"launch", (PyCFunction)(void (*)(void))fc_launch, METH_FASTCALL, "cuLaunchKernel with int arguments"},
     {"init", fc_init, METH_NOARGS, "dlsym cuLaunchKernel; whether it was found"},
@@ -740,6 +1174,177 @@ def activation_public(fallback):
     import functools
 
     return functools.update_wrapper(lib.act_entry(fallback), fallback)
+
+
+# The map kinds of the compiled entry (fastcall's mk_kinds, same order): the element-wise family's cached calls
+# besides activation_forward, answered in C from call-site slots the Python function's cached path fills (map_note)
+MAP_KINDS = {"activation_backward": 0, "add_tensor": 1, "scale_tensor": 2, "op_tensor": 3, "transform_tensor": 4,
+             "softmax_forward": 5, "pooling_forward": 6, "reduce_tensor": 7, "batch_normalization_forward_inference": 8,
+             "norm_forward_inference": 9}
+
+
+class PkLaunch(ctypes.Structure):
+    _fields_ = [("func", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("params", ctypes.c_uint64),
+                ("finish", ctypes.c_uint64), ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3),
+                ("fgrid", ctypes.c_uint32 * 3), ("fblock", ctypes.c_uint32 * 3)]
+
+
+class PkRec(ctypes.Structure):
+    """pk_rec_t: a softmax / pooling / reduce plan's first and last launches, as their _run patches them
+    (plan_core)."""
+    _fields_ = [("l", PkLaunch * 2), ("nl", ctypes.c_uint32), ("align", ctypes.c_uint32), ("isz", ctypes.c_uint32),
+                ("nfield", ctypes.c_uint32), ("ptr_off", ctypes.c_uint32 * 4), ("alpha_off", ctypes.c_uint32),
+                ("beta_off", ctypes.c_uint32), ("flags_off", ctypes.c_uint32), ("flags_keep", ctypes.c_uint32),
+                ("flag_beta", ctypes.c_uint32), ("flags_or", ctypes.c_uint32), ("ws_need", ctypes.c_uint64),
+                ("ws_align", ctypes.c_uint32), ("decline", ctypes.c_uint32)]
+
+
+def plan_record(pl, ptr_offsets, params_type, flags_keep, flag_beta, congruent=False, isz=None, align=None,
+                finish=None, flags_or=0, ws_need=0, ws_align=0, decline=False):
+    """Set pl.crec (the address of a PkRec kept in pl.crec_obj; 0 where a kernel is not a driver function: a CPU
+    handle's placeholders) for a plan whose launches' params are params_type structs with alpha / beta doubles
+    and a flags word; launches[0] serves pointers that pass the alignment (all 16-byte aligned, or congruent
+    with the second; align=2: the second alone), launches[-1] the others. isz: the element size every pointer
+    must be a multiple of (pl.itemsize unless given; 0: none). finish(launch) -> (func, grid, block) of a second
+    launch with the same parameters when that launch has one, else None (reduce's segmented rows). flags_or: bits
+    the call sets in the flags word; ws_need / ws_align / decline: reduce's workspace, its alignment, and
+    "never in C" (indices)."""
+    rec = None
+    try:
+        ends = (pl.launches[0], pl.launches[-1])
+        funcs = [int(lc.func) for lc in ends]
+        fins = [finish(lc) if finish is not None else None for lc in ends]
+        fins = [None if f is None else (int(f[0]),) + tuple(f[1:]) for f in fins]
+    except (TypeError, ValueError):
+        funcs = None
+    if funcs is not None and len(ptr_offsets) <= 4:
+        rec = PkRec()
+        for i, (lc, f, fin) in enumerate(zip(ends, funcs, fins)):
+            L = rec.l[i]
+            L.func, L.argv, L.params = f, lc.argv[1], ctypes.addressof(lc.params)
+            L.grid[:], L.block[:] = list(lc.grid), list(lc.block)
+            if fin is not None:
+                L.finish = fin[0]
+                L.fgrid[:], L.fblock[:] = list(fin[1]), list(fin[2])
+        rec.nl = 2 if len(pl.launches) > 1 else 1
+        rec.align = int(congruent) if align is None else align
+        rec.isz = pl.itemsize if isz is None else isz
+        rec.nfield = len(ptr_offsets)
+        rec.flags_or, rec.ws_need, rec.ws_align, rec.decline = flags_or, ws_need, ws_align, int(decline)
+        rec.ptr_off[:len(ptr_offsets)] = list(ptr_offsets)
+        rec.alpha_off, rec.beta_off = params_type.alpha.offset, params_type.beta.offset
+        rec.flags_off, rec.flags_keep, rec.flag_beta = params_type.flags.offset, flags_keep & 0xFFFFFFFF, flag_beta
+    pl.crec_obj = rec
+    pl.crec = ctypes.addressof(rec) if rec is not None else 0
+    return pl.crec
+
+
+class BnLaunch(ctypes.Structure):
+    _fields_ = [("func", ctypes.c_uint64), ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3),
+                ("nfield", ctypes.c_uint32), ("pad_", ctypes.c_uint32), ("off", ctypes.c_uint32 * 8),
+                ("size", ctypes.c_uint32 * 8), ("val", ctypes.c_uint64 * 8)]
+
+
+class BnRec(ctypes.Structure):
+    """bn_rec_t: batch_normalization_forward_inference's plan as its cached call launches it (bn_core)."""
+    _fields_ = [("tier", BnLaunch * 3), ("params", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("xs", ctypes.c_uint64),
+                ("ys", ctypes.c_uint64), ("pbytes", ctypes.c_uint64), ("isz", ctypes.c_uint32), ("asz", ctypes.c_uint32),
+                ("vm_bytes", ctypes.c_uint32), ("flags_off", ctypes.c_uint32), ("flags_base", ctypes.c_uint32),
+                ("flag_beta", ctypes.c_uint32), ("eps_off", ctypes.c_uint32), ("alpha_off", ctypes.c_uint32),
+                ("min_eps", ctypes.c_double)]
+
+
+def bn_infer_record(pl, params_type, seqs, xs, ys, pbytes, vm_bytes, flag_beta, min_eps):
+    """Set pl.crec / pl.crec_obj (a BnRec; 0 where a kernel is a CPU handle's placeholder or a tier is not one launch)
+    for batch norm inference: seqs the launch sequence _pick chooses for a 16-byte aligned x | y, one aligned to the
+    mid vector width (vm_bytes; 0: none), and the rest; a launch whose kernel is not loaded yet is left 0 (bn_core
+    declines it: the Python function loads it)."""
+    # one BnRec a plan, rewritten in place: a call-site slot holds its address (a new struct would leave the slot
+    # pointing at freed memory); a tier it cannot serve keeps func 0 (bn_core declines it)
+    rec = pl.crec_obj if isinstance(getattr(pl, "crec_obj", None), BnRec) else BnRec()
+    ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
+    ok = all(len(seq) == 1 for seq in seqs)
+    for i, seq in enumerate(seqs if ok else ()):
+        lc, L = seq[0], rec.tier[i]
+        if lc.func is not None:
+            try:
+                L.func = int(lc.func)
+            except (TypeError, ValueError):
+                ok = False
+                break
+        L.grid[:], L.block[:] = list(lc.grid), list(lc.block)
+        fields = list(lc.fields.items())
+        if len(fields) > 8:
+            ok = False
+            break
+        L.nfield = len(fields)
+        for j, (k, v) in enumerate(fields):
+            f = getattr(params_type, k)
+            L.off[j], L.size[j], L.val[j] = f.offset, f.size, int(v) & 0xFFFFFFFFFFFFFFFF
+    if ok:
+        rec.params, rec.argv = ctypes.addressof(pl.params), pl.argv[1]
+        rec.xs, rec.ys, rec.pbytes = xs, ys, pbytes
+        rec.isz, rec.asz, rec.vm_bytes = pl.isize, pl.asize, vm_bytes
+        rec.flags_off, rec.flags_base, rec.flag_beta = params_type.flags.offset, pl.flags, flag_beta
+        rec.eps_off, rec.alpha_off, rec.min_eps = params_type.eps.offset, params_type.alpha.offset, min_eps
+    else:
+        ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
+    pl.crec_obj = rec
+    pl.crec = ctypes.addressof(rec)
+    return pl.crec
+
+
+class NmLaunch(ctypes.Structure):
+    _fields_ = [("func", ctypes.c_uint64), ("argv", ctypes.c_uint64), ("params", ctypes.c_uint64),
+                ("grid", ctypes.c_uint32 * 3), ("block", ctypes.c_uint32 * 3), ("smem", ctypes.c_uint32),
+                ("pad_", ctypes.c_uint32)]
+
+
+class NmRec(ctypes.Structure):
+    """nm_rec_t: norm_forward_inference's plan as its cached call launches it (nm_core)."""
+    _fields_ = [("alt", (NmLaunch * 4) * 2), ("nl", ctypes.c_uint32 * 2), ("nalt", ctypes.c_uint32),
+                ("vec_first", ctypes.c_uint32), ("xs", ctypes.c_uint64), ("ys", ctypes.c_uint64), ("sbs", ctypes.c_uint64),
+                ("isz", ctypes.c_uint32), ("flags_off", ctypes.c_uint32), ("flags_clear", ctypes.c_uint32),
+                ("flag_beta", ctypes.c_uint32)]
+
+
+def norm_infer_record(pl, params_type, xs, ys, sbs, flags_clear, flag_beta):
+    """Set pl.crec / pl.crec_obj (an NmRec, one a plan rewritten in place as bn_infer_record's) for normalization
+    inference: the plan's first and last alternatives (up to 4 launches each; a launch whose kernel is not loaded
+    yet, or a CPU handle's placeholder, leaves its alternative unusable: nm_core declines it)."""
+    rec = pl.crec_obj if isinstance(getattr(pl, "crec_obj", None), NmRec) else NmRec()
+    ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
+    alts = (pl.alternatives[0], pl.alternatives[-1])
+    for a, alt in enumerate(alts):
+        if len(alt) > 4:
+            continue
+        try:
+            funcs = [int(lc.func) if lc.func is not None else 0 for lc in alt]
+        except (TypeError, ValueError):
+            continue
+        for i, (lc, f) in enumerate(zip(alt, funcs)):
+            L = rec.alt[a][i]
+            L.func, L.argv, L.params, L.smem = f, lc.argv[1], ctypes.addressof(lc.params), lc.smem
+            L.grid[:], L.block[:] = list(lc.grid), list(lc.block)
+        rec.nl[a] = len(alt)
+    rec.nalt, rec.vec_first = (2 if len(pl.alternatives) > 1 else 1), int(bool(pl.vec_first))
+    rec.xs, rec.ys, rec.sbs, rec.isz = xs, ys, sbs, pl.itemsize
+    rec.flags_off, rec.flags_clear, rec.flag_beta = params_type.flags.offset, flags_clear, flag_beta
+    pl.crec_obj = rec
+    pl.crec = ctypes.addressof(rec)
+    return pl.crec
+
+
+def map_entries(fallbacks):
+    """{name: compiled entry over fallbacks[name]} for the MAP_KINDS named, and the module's map_note; None where
+    the helper has none or act_setup has not run (activation_entry first: the module objects the kinds read)."""
+    lib = _state.get("lib")
+    if lib is None or not hasattr(lib, "map_entry") or not lib.map_setup():
+        return None
+    import functools
+
+    return ({name: functools.update_wrapper(lib.map_entry(MAP_KINDS[name], f), f) for name, f in fallbacks.items()},
+            lib.map_note)
 
 
 def driver_launch_untouched():

@@ -252,6 +252,71 @@ _LAUNCH_ARGS = driver.launch_args
 
 
 _fast_launch = None  # fastcall's pydnn_map_launch, set by _crec before any record uses it
+# fastcall's map_note(kind, record, inputs, copy, same) once the compiled entries of the element-wise calls are set
+# up (_setup_entries; tuning.callpath.C_ENTRY_MAP): each such call's cached path notes the record it launched, and
+# the entry that called it keeps it in that call site's slot; None before (and without a compiled launch)
+note = None
+_entries_tried = False
+# fastcall.MAP_KINDS' numbers, spelled here for the callers' note
+K_ACT_BWD, K_ADD, K_SCALE, K_OP, K_TRANSFORM, K_SOFTMAX, K_POOL, K_REDUCE, K_BN_INFER, K_NORM_INFER = range(10)
+
+
+def plan_entries(func):
+    """_setup_entries from a softmax / pooling / reduce call whose plan launches `func`, in a process where no
+    element-wise launch record was made yet: once func is a driver function (not a CPU handle's placeholder) and
+    the compiled launch is available, as _crec would find."""
+    if _entries_tried or not tuning.callpath.C_LAUNCH:
+        return
+    try:
+        int(func)
+    except (TypeError, ValueError):
+        return
+    if fastcall.launcher() is not None:
+        _setup_entries()
+
+
+def _setup_entries():
+    """Once, when the first compiled launch record is made: activation_forward's entry (its act_setup gives the
+    kinds their module objects), then activation_backward, add_tensor, scale_tensor, op_tensor, transform_tensor,
+    softmax_forward, pooling_forward, reduce_tensor, batch_normalization_forward_inference and
+    norm_forward_inference as compiled entries over their Python functions (pydnn/_build/fastcall.py's mk_try: a cached
+    call from its call-site slot, no Python frame; the Python function for anything else). Where a public name no
+    longer holds the def (a caller replaced it) it is left alone; a reference taken earlier keeps the def, which
+    answers the same."""
+    global _entries_tried, note
+    _entries_tried = True
+    cp = tuning.callpath
+    if not (cp.C_ENTRY and cp.C_ENTRY_SITES and cp.C_ENTRY_MAP):
+        return
+    import sys
+
+    from . import activation as A
+    from . import batchnorm as BN
+    from . import normalization as NM
+    from . import pooling as PO
+    from . import reduce as R
+    from . import softmax as S
+    from . import tensor_ops as T
+
+    try:
+        if not A._entry_tried:
+            A._entry_setup()
+        if A._c_entry is None:
+            return
+        mods = {"activation_backward": A, "add_tensor": T, "scale_tensor": T, "op_tensor": T, "transform_tensor": T,
+                "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R,
+                "batch_normalization_forward_inference": BN, "norm_forward_inference": NM}
+        got = fastcall.map_entries({n: getattr(m, "_py_" + n) for n, m in mods.items()})
+    except Exception:  # noqa: BLE001 - an optimisation: the Python functions answer
+        got = None
+    if not got:
+        return
+    pubs, note = got
+    for name, pub in pubs.items():
+        own = mods[name]
+        for mod in (own, sys.modules.get("pydnn")):
+            if mod is not None and getattr(mod, name, None) is getattr(own, "_py_" + name):
+                setattr(mod, name, pub)
 
 
 def _crec(pr):
@@ -264,6 +329,8 @@ def _crec(pr):
             rec = None
     pr.crec_obj = rec
     pr.crec = ctypes.addressof(rec) if rec is not None else 0
+    if rec is not None and not _entries_tried:
+        _setup_entries()
     return pr.crec
 
 

@@ -83,6 +83,8 @@ from .common import (
     same_type, scalar,
 )
 from ._elementwise import CTYPE, _SIZES, cached, vec_width
+from . import _elementwise as _ew
+from .._build import fastcall
 
 __all__ = [
     "derive_bn_tensor_descriptor",
@@ -980,7 +982,7 @@ class _Plan:
     pointers and scalars (vector or scalar row kernels; the scratch path or gen). `sums`: id(backward
     sequence) -> its BWD_SUMS form (calls with the saved mean and inverse std)."""
     __slots__ = ("geom", "tag", "unit", "isize", "asize", "params", "argv", "seqs", "ws_need", "scratch", "flags",
-                 "vmid", "sums", "sums0")
+                 "vmid", "sums", "sums0", "crec", "crec_obj", "crec_key")
 
 
 def _slots(tag, direction):
@@ -1579,6 +1581,7 @@ def batch_normalization_forward_inference(handle, mode, alpha, beta, x_desc, x, 
         pl = handle.prepared.get(key) if key is not None else None
     except TypeError:  # an unhashable argument: the validation below names it
         key = pl = None
+    fresh = pl is None
     if pl is not None:
         eps = _epsilon(epsilon)
     else:
@@ -1607,7 +1610,34 @@ def batch_normalization_forward_inference(handle, mode, alpha, beta, x_desc, x, 
     _PTRS2.pack_into(p, 0, xp, yp, 0, 0, 0, 0, 0, ptrs[0], ptrs[1], ptrs[2], ptrs[3], 0, 0, 0, 0, 0, 0, al, be)
     _EPS.pack_into(p, _EPS_AT, eps)
     p.flags = pl.flags | (FLAG_BETA if be != 0 else 0)
-    _run(handle, pl, _pick(pl, (xp, yp), True))
+    seq = _pick(pl, (xp, yp), True)
+    _run(handle, pl, seq)
+    if _ew.note is not None and key is not None:  # the compiled entry keeps this call site (ew._setup_entries)
+        _infer_note(pl, xs, ys, pbytes)
+    elif fresh and not _ew._entries_tried:  # a new plan: the entries, where no other call set them up yet
+        _ew.plan_entries(seq[0].func)
+
+
+_py_batch_normalization_forward_inference = batch_normalization_forward_inference  # (ew._setup_entries)
+
+
+def _infer_note(pl, xs, ys, pbytes):
+    """The inference plan's C record (fastcall.bn_infer_record: the launch _pick chooses for each alignment tier of
+    x | y) noted for the compiled entry; made again when a switch changed (the picks read them) or a tier's kernel
+    was loaded since."""
+    vm = pl.vmid
+    vm_bytes = vm * pl.isize if vm else 0
+    gen, k = tuning.GENERATION[0], getattr(pl, "crec_key", None)
+    if k is None or k[0] != gen:  # the tiers' sequences (a Python call each; once a switch generation)
+        probes = (1 << 20, vm_bytes or pl.isize, pl.isize)  # 16-byte aligned; the mid width's; element-aligned only
+        k = (gen, [_pick(pl, (q,), True) for q in probes], None)
+    loaded = (k[1][0][0].func is not None, k[1][1][0].func is not None, k[1][2][0].func is not None)
+    if loaded != k[2]:
+        fastcall.bn_infer_record(pl, BnParams, k[1], xs, ys, pbytes, vm_bytes if vm_bytes % 16 else 0, FLAG_BETA,
+                                 E.PYDNN_BN_MIN_EPSILON)
+        k = (k[0], k[1], loaded)
+    pl.crec_key = k
+    _ew.note(_ew.K_BN_INFER, pl, 0, False, False)
 
 
 # ----------------------------------------------------------------------------- backward

@@ -78,6 +78,8 @@ from .common import (
     scalar,
 )
 from ._elementwise import CTYPE, _SIZES, vec_width
+from . import _elementwise as _ew
+from .._build import fastcall
 
 __all__ = [
     "create_norm_descriptor", "set_norm_descriptor", "get_norm_descriptor", "destroy_norm_descriptor",
@@ -638,7 +640,8 @@ class _Plan:
     """alternatives[0] when the pointers are 16-byte aligned (or the only one), else alternatives[-1];
     each alternative is the sequence of launches of one call."""
 
-    __slots__ = ("alternatives", "vec_first", "workspace", "unit", "itemsize", "need", "rms", "kind")
+    __slots__ = ("alternatives", "vec_first", "workspace", "unit", "itemsize", "need", "rms", "kind", "crec",
+                 "crec_obj", "crec_key")
 
 
 def _new_launch(expr, params, grid, block, smem=0, desc=""):
@@ -1752,6 +1755,7 @@ def _forward(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, sb_desc, scal
     named = [(x_desc, "xDesc"), (y_desc, "yDesc")]
     key = _key(direction, norm_desc, (x_desc, y_desc, None, sb_desc, st_desc))
     pl = handle.prepared.get(key) if key is not None else None
+    fresh = pl is None
     if pl is None:
         pl = _get_plan(handle, direction, norm_desc, x_desc, y_desc, None, sb_desc, st_desc, named, ("yDesc",), training)
         _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd, training)
@@ -1760,6 +1764,23 @@ def _forward(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, sb_desc, scal
     be = beta if type(beta) is float else scalar("beta", beta)
     ptrs = _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd, training)
     _run(handle, pl, ptrs[:2], ptrs[2], al, be, stats=training)
+    if not training and key is not None:
+        if _ew.note is not None:  # norm_forward_inference's compiled entry keeps this call site (ew._setup_entries)
+            _infer_note(pl, x_desc, y_desc, sb_desc)
+        elif fresh and not _ew._entries_tried:  # a new plan: the entries, where no other call set them up yet
+            _ew.plan_entries(pl.alternatives[0][0].func)
+
+
+def _infer_note(pl, x_desc, y_desc, sb_desc):
+    """The inference plan's C record (fastcall.norm_infer_record), made again in place when an alternative's kernels
+    were loaded since (a split-kernel plan loads its fallback on first use), noted for the compiled entry."""
+    alts = pl.alternatives  # (an alternative's launches are loaded together: _load)
+    loaded = (alts[0][0].func is not None, alts[-1][0].func is not None, alts[-1][-1].func is not None)
+    if getattr(pl, "crec_key", None) != loaded:
+        fastcall.norm_infer_record(pl, NormParams, x_desc.span_bytes(), y_desc.span_bytes(), sb_desc.span_bytes(),
+                                   FLAG_BETA | FLAG_BETA2 | FLAG_STATS, FLAG_BETA)
+        pl.crec_key = loaded
+    _ew.note(_ew.K_NORM_INFER, pl, 0, False, False)
 
 
 def _pointers_fwd(pl, x_desc, x, y_desc, y, sb_desc, scale, bias, st_desc, mean, invstd, training):
@@ -1801,6 +1822,9 @@ def norm_forward_inference(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y,
     Statuses as norm_forward_training."""
     _forward(handle, norm_desc, alpha, beta, x_desc, x, y_desc, y, scale_bias_desc, scale, bias, None, None, None,
              False)
+
+
+_py_norm_forward_inference = norm_forward_inference  # the Python function behind the compiled entry (ew._setup_entries)
 
 
 def _bwd_plan(handle, norm_desc, x_desc, dy_desc, dx_desc, sb_desc, st_desc):

@@ -56,6 +56,8 @@ from ..handle import Handle, check_handle
 from ..status import PydnnError, api
 from ..tensor import _int, check_tensor
 from ._elementwise import CTYPE, _SIZES, vec_width
+from . import _elementwise as ew
+from .._build import fastcall
 from .common import (
     FLOAT_TAGS, TAG, element_aligned, enum_arg, float_tensor, no_partial_alias, output_tensor, same_type, scalar,
 )
@@ -584,7 +586,7 @@ def _p2t_launch(lc, tag, out_desc, geometry):
 class _Plan:
     """launches[0] when every pointer is 16-byte aligned (or there is only one), else launches[-1]."""
 
-    __slots__ = ("launches", "need", "unit", "itemsize")
+    __slots__ = ("launches", "need", "unit", "itemsize", "crec", "crec_obj")
 
 
 def _vec_ok(vec, descs):
@@ -795,6 +797,8 @@ def _prepare(handle, key, build, buffers):
             element_aligned(device_ptr(buf, name, need), name, pl.itemsize)
         for lc in pl.launches:
             lc.func = handle.function(pl.unit, lc.expr)
+        if not ew._entries_tried:  # the compiled entries, where no element-wise record set them up yet
+            ew.plan_entries(pl.launches[0].func)
         if key is not None:
             handle.remember(key, pl)
     return pl
@@ -889,9 +893,25 @@ def pooling_forward(handle, pooling_desc, alpha, x_desc, x, beta, y_desc, y):
         yp = y if type(y) is int and y > 0 and not checked else device_ptr(y, "y", pl.need[0])
         xp = x if type(x) is int and x > 0 and not checked else device_ptr(x, "x", pl.need[1])
         _run(handle, pl, (yp, xp), ("y", "x"), al, be)
+        if ew.note is not None:  # the compiled entry keeps this call site (ew._setup_entries)
+            _note_fwd(pl)
         return
     pd = pooling_desc if key is not None and key in handle.prepared else _set_desc(pooling_desc)
     _forward(handle, "pool", key, pd.mode, pd.nan_opt, pd, alpha, x_desc, x, beta, y_desc, y)
+    if ew.note is not None and key is not None and (pl := handle.prepared.get(key)) is not None:
+        _note_fwd(pl)
+
+
+def _note_fwd(pl):
+    """The plan's C record (made once: _run's pointer fields, scalars and flags) noted for the compiled entry."""
+    try:
+        pl.crec
+    except AttributeError:
+        fastcall.plan_record(pl, (0, 8, 16, 24), PoolParams, ~FLAG_BETA, FLAG_BETA)
+    ew.note(ew.K_POOL, pl, 1, False, False)
+
+
+_py_pooling_forward = pooling_forward  # the Python function behind the compiled entry (ew._setup_entries)
 
 
 @api

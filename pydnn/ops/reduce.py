@@ -35,6 +35,7 @@ from ..status import PydnnError, api
 from ..tensor import index_of
 from .common import FLOAT_TAGS, TAG, enum_arg, float_tensor, next_pow2, output_tensor, prod, scalar
 from . import _elementwise as _ew
+from .._build import fastcall
 from ._elementwise import CTYPE, desc_key, vec_width
 
 BLOCK = 256          # kThreads in reduce.cu
@@ -254,7 +255,8 @@ class _Launch:
 
 
 class _Plan:
-    __slots__ = ("launches", "align_mask", "workspace", "indices_bytes", "wants_indices", "need", "unit")
+    __slots__ = ("launches", "align_mask", "workspace", "indices_bytes", "wants_indices", "need", "unit", "crec",
+                 "crec_obj")
 
 
 def _base_params(d, rows, length, tc, row_sizes, row_strides):
@@ -442,6 +444,8 @@ def _get_plan(handle, r, a_desc, c_desc, with_functions=True):
         for lc in pl.launches:
             lc.func = handle.function(pl.unit, lc.expr)
             lc.finish = handle.function(pl.unit, _expr("reduce_finish", tag))
+        if not _ew._entries_tried:  # the compiled entries, where no element-wise record set them up yet
+            _ew.plan_entries(pl.launches[0].func)
         if key is not None:
             handle.remember(key, pl)
     return pl
@@ -514,6 +518,25 @@ def reduce_tensor(handle, reduce_tensor_desc, indices, indices_size_in_bytes, wo
     driver.launch_args(lc.func, lc.grid, lc.block, 0, handle.cu_stream, lc.argv)
     if p.segments > 1:
         driver.launch_args(lc.finish, lc.fgrid, (BLOCK, 1, 1), 0, handle.cu_stream, lc.argv)
+    if _ew.note is not None and key is not None:  # the compiled entry keeps this call site (ew._setup_entries)
+        _note(pl, reduce_tensor_desc)
+
+
+_py_reduce_tensor = reduce_tensor  # the Python function behind the compiled entry (ew._setup_entries)
+
+
+def _note(pl, d):
+    """The plan's C record (made once: the launch above's fields, its second pass where it has one, the workspace's
+    need and alignment; never in C with indices) noted for the compiled entry."""
+    try:
+        pl.crec
+    except AttributeError:
+        fastcall.plan_record(pl, (0, 8, 16, 24), ReduceParams, KEEP_FLAGS, FLAG_BETA, isz=0, align=2,
+                             finish=lambda lc: ((lc.finish, lc.fgrid, (BLOCK, 1, 1)) if lc.params.segments > 1
+                                                else None),
+                             flags_or=FLAG_NAN_PROP if d.nan_opt else 0, ws_need=pl.workspace, ws_align=WS_ALIGN,
+                             decline=pl.wants_indices)
+    _ew.note(_ew.K_REDUCE, pl, 1, False, False)
 
 
 def _buffers(pl, indices, isz, workspace, wsz, A, C):  # noqa: N803

@@ -46,6 +46,8 @@ from .common import (
     same_type, scalar,
 )
 from ._elementwise import CTYPE, _SIZES, vec_width
+from . import _elementwise as ew
+from .._build import fastcall
 
 ALGOS = (E.PYDNN_SOFTMAX_FAST, E.PYDNN_SOFTMAX_ACCURATE, E.PYDNN_SOFTMAX_LOG)
 MODES = (E.PYDNN_SOFTMAX_MODE_INSTANCE, E.PYDNN_SOFTMAX_MODE_CHANNEL)
@@ -227,7 +229,7 @@ class _Plan:
     """The launches of one problem: launches[0] when the call's pointers pass `align` (see _aligned),
     launches[-1] otherwise."""
 
-    __slots__ = ("layout", "launches", "align", "need", "unit", "itemsize", "names")
+    __slots__ = ("layout", "launches", "align", "need", "unit", "itemsize", "names", "crec", "crec_obj")
 
 
 def _aligned(align, ptrs):
@@ -442,6 +444,8 @@ def _get_plan(handle, backward, algo, mode, named, out_name, order, buffers):
         pl = _plan(handle, backward, algo, mode, descs)
         for lc in pl.launches:
             lc.func = handle.function(lc.unit or pl.unit, lc.expr)
+        if not ew._entries_tried:  # the compiled entries, where no element-wise record set them up yet
+            ew.plan_entries(pl.launches[0].func)
         if key is not None:
             handle.remember(key, pl)
     return pl
@@ -469,7 +473,7 @@ def softmax_forward(handle, algo, mode, alpha, x_desc, x, beta, y_desc, y):
     aligned to its elements), NOT_SUPPORTED (data types other than float, double, half, bfloat16)."""
     if type(handle) is not Handle or not handle.alive:
         check_handle(handle)
-    pl = None
+    pl = key = None
     if type(algo) is int and type(mode) is int:  # _key's forward key, inline (the hot path)
         try:
             key = ("softmax", 0, algo, mode, y_desc, y_desc.version, x_desc, x_desc.version)
@@ -486,6 +490,21 @@ def softmax_forward(handle, algo, mode, alpha, x_desc, x, beta, y_desc, y):
     yp = y if type(y) is int and y > 0 and not checked else device_ptr(y, "y", pl.need[0])
     xp = x if type(x) is int and x > 0 and not checked else device_ptr(x, "x", pl.need[1])
     _run(handle, pl, (yp, xp), ("y", "x"), al, be)
+    if ew.note is not None and key is not None:  # the compiled entry keeps this call site (ew._setup_entries)
+        _note(pl)
+
+
+_py_softmax_forward = softmax_forward  # the Python function behind the compiled entry (ew._setup_entries)
+
+
+def _note(pl):
+    """The plan's C record (made once: out, in0, in1 at the start of SoftmaxParams, _run's flags) noted for the
+    compiled entry."""
+    try:
+        pl.crec
+    except AttributeError:
+        fastcall.plan_record(pl, (0, 8, 16), SoftmaxParams, FLAG_ROWS32, FLAG_BETA, pl.align == "congruent")
+    ew.note(ew.K_SOFTMAX, pl, 1, False, False)
 
 
 @api

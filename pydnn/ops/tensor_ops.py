@@ -289,6 +289,11 @@ def scale_tensor(handle, y_desc, y, alpha):
         rec = ew.cached(handle, key, build)
     yp = y if type(y) is int and y > 0 and not _buffers.CHECKED else device_ptr(y, "y", rec.need[0])
     ew.run_map(handle, rec, yp, (yp,), al, 0.0)
+    if ew.note is not None and key is not None:  # the compiled entry keeps this call site (ew._setup_entries)
+        ew.note(ew.K_SCALE, rec, 1, False, False)
+
+
+_py_scale_tensor = scale_tensor  # the Python function behind the compiled entry (ew._setup_entries)
 
 
 @api
@@ -327,6 +332,11 @@ def add_tensor(handle, alpha, a_desc, A, beta, c_desc, C):  # noqa: N803 - cuDNN
     cp = C if type(C) is int and C > 0 and not checked else device_ptr(C, "C", rec.need[0])
     ap = A if type(A) is int and A > 0 and not checked else device_ptr(A, "A", rec.need[1])
     ew.run_map(handle, rec, cp, (ap,), al, be)
+    if ew.note is not None and key is not None:  # the compiled entry keeps this call site (ew._setup_entries)
+        ew.note(ew.K_ADD, rec, 1, False, False)
+
+
+_py_add_tensor = add_tensor  # the Python function behind the compiled entry (ew._setup_entries)
 
 
 # ------------------------------------------------------------------------------ OpTensor
@@ -446,6 +456,11 @@ def op_tensor(handle, op_tensor_desc, alpha1, a_desc, A, alpha2, b_desc, B, beta
         ptrs = (ap, B if type(B) is int and B > 0 and not checked else device_ptr(B, "B", rec.need[2]))
     cp = C if type(C) is int and C > 0 and not checked else device_ptr(C, "C", rec.need[0])
     ew.run_map(handle, rec, cp, ptrs, a1, be, alpha2=a2)
+    if ew.note is not None and key is not None:  # the compiled entry keeps this call site (ew._setup_entries)
+        ew.note(ew.K_OP, rec, len(ptrs), False, False)
+
+
+_py_op_tensor = op_tensor  # the Python function behind the compiled entry (ew._setup_entries)
 
 
 # ------------------------------------------------------------------------------ TransformTensor
@@ -522,3 +537,8 @@ def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
     yp = y if type(y) is int and y > 0 and not checked else device_ptr(y, "y", rec.need[0])
     xp = x if type(x) is int and x > 0 and not checked else device_ptr(x, "x", rec.need[1])
     ew.run_map(handle, rec, yp, (xp,), al, be)
+    if ew.note is not None and key is not None:  # the compiled entry keeps this call site (ew._setup_entries), with
+        ew.note(ew.K_TRANSFORM, rec, 1, copy, x_desc.dtype == y_desc.dtype)  # the key's copy flag: C recomputes it
+
+
+_py_transform_tensor = transform_tensor  # the Python function behind the compiled entry (ew._setup_entries)

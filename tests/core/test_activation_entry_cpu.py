@@ -30,20 +30,9 @@ from pydnn._build.params import MapParams
 from pydnn._cuda import driver
 from pydnn.ops import activation as A
 
-class Rec(ctypes.Structure):
-    _fields_ = [("func", ctypes.c_uint64), ("stream", ctypes.c_uint64), ("smem", ctypes.c_uint64),
-                ("dims", ctypes.c_uint32 * 6), ("params", ctypes.c_uint8 * 64)]
-
-fake = ctypes.CDLL("libcuda.so.1")
 NP = ctypes.sizeof(MapParams)
-fake.fake_capture(NP)
-
-def drain():
-    buf = (Rec * 64)()
-    n = fake.fake_launches(buf, 64)
-    full = (ctypes.c_uint8 * NP)()
-    fake.fake_last_params(full, NP)
-    return [[[r.func, r.stream, r.smem, list(r.dims)] for r in buf[:n]], bytes(full).hex()]
+log = C.LaunchLog(NP)  # the stand-in's launches: each one's function, stream, dims; the last one's whole params
+drain = log.drain
 
 tuning.callpath.C_LAUNCH = True
 fastcall.install()

@@ -56,6 +56,16 @@ for label, b in (("act int", ints), ("act torch", objs)):
     h0 = lib.act_stats()[0]
     res[label] = calls(lambda: call(b))
     res[label + " slot hits"] = lib.act_stats()[0] - h0
+maps = {"act_bwd": B._act_bwd, "add": B._add, "op": B._op, "scale": B._scale, "transform": B._transform,
+        "softmax": B._softmax, "pool": B._pool, "reduce": B._reduce, "bn": B._bn, "norm": B._norm}
+for case, setup in maps.items():  # the map kinds' entries (tuning.callpath.C_ENTRY_MAP)
+    # int addresses, and stand-in tensors of their sizes (of TL: the one stand-in type buffers verifies)
+    call, ints, objs, _ = setup(h, lambda nb: (lambda q: (q, TL(q, nb)))(addr(nb)[0]))
+    for label, b in (("int", ints), ("torch", objs)):
+        call(b); call(b)
+        h0 = sum(lib.map_stats()[0])
+        res[f"{case} {label}"] = calls(lambda: call(b))
+        res[f"{case} {label} slot hits"] = sum(lib.map_stats()[0]) - h0
 for case in ("chain", "matmul_gelu"):
     g, sizes = getattr(T, "_" + case)(h)
     g.build_operation_graph().create_execution_plans().build_plans()
@@ -76,12 +86,20 @@ print(json.dumps(res))
 EXPECTED = {
     "act int": [],  # session 31: the entry object (session 30: its def's frame, ["activation_forward"])
     "act torch": [],
+    # session 33: the element-wise family's other calls as compiled entries too (were the api wrapper, the
+    # function and run_map: 3 frames with int pointers, and a device_ptr a torch tensor)
+    # and softmax_forward / pooling_forward / reduce_tensor (their plans' launches patched in C: plan_core) and
+    # batch_normalization_forward_inference (bn_core) and norm_forward_inference (nm_core)
+    **{f"{c} {b}": [] for c in ("act_bwd", "add", "op", "scale", "transform", "softmax", "pool", "reduce", "bn",
+                                "norm")
+       for b in ("int", "torch")},
     "chain int": ["execute", "run"],
     "chain torch": ["execute", "run"],
     "matmul_gelu int": ["execute", "run", "launch_args"],
     "matmul_gelu torch": ["execute", "run", "launch_args"],
 }
-TENSORS = {"act": 2, "chain": 4, "matmul_gelu": 4}
+TENSORS = {"act": 2, "chain": 4, "matmul_gelu": 4, "act_bwd": 4, "add": 2, "op": 3, "scale": 2, "transform": 2,
+           "softmax": 2, "pool": 2, "reduce": 2, "bn": 6, "norm": 4}
 
 
 def test_fast_paths_python_frames(tmp_path, monkeypatch):
@@ -107,10 +125,10 @@ def test_fast_paths_python_frames(tmp_path, monkeypatch):
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    for label in ("act int", "act torch"):  # answered from the call-site slot, not by a lookup
-        assert res.pop(label + " slot hits") == 1, label
+    for label in [k[:-len(" slot hits")] for k in res if k.endswith(" slot hits")]:  # answered from the call
+        assert res.pop(label + " slot hits") == 1, label  # site's slot, not by a lookup
     for label, names in res.items():
-        own = 2 if label.startswith("act") else 1  # the case's lambdas
+        own = 1 if label.split()[0] in ("chain", "matmul_gelu") else 2  # the case's lambdas
         assert names[:own] == ["<lambda>"] * own, (label, names)
         rest = names[own:]
         frames = [n for n in rest if n != "<lambda>"]
