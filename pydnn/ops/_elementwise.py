@@ -275,6 +275,18 @@ def plan_entries(func):
         _setup_entries()
 
 
+# name -> the op module holding `_py_<name>` (the Python function behind a compiled entry); each op module registers
+# its own calls at import (register_entries), so this module never imports the families that import it
+_ENTRY_MODULES = {}
+
+
+def register_entries(module, *names):
+    """An op module's calls that get compiled entries (_setup_entries): activation_forward (whose module's
+    _entry_setup makes the first entry) and the calls whose Python function the module keeps as `_py_<name>`."""
+    for n in names:
+        _ENTRY_MODULES[n] = module
+
+
 def _setup_entries():
     """Once, when the first compiled launch record is made: activation_forward's entry (its act_setup gives the
     kinds their module objects), then activation_backward, add_tensor, scale_tensor, op_tensor, transform_tensor,
@@ -290,22 +302,15 @@ def _setup_entries():
         return
     import sys
 
-    from . import activation as A
-    from . import batchnorm as BN
-    from . import normalization as NM
-    from . import pooling as PO
-    from . import reduce as R
-    from . import softmax as S
-    from . import tensor_ops as T
-
+    A = _ENTRY_MODULES.get("activation_forward")
+    if A is None:
+        return
+    mods = {n: m for n, m in _ENTRY_MODULES.items() if n != "activation_forward"}
     try:
         if not A._entry_tried:
             A._entry_setup()
         if A._c_entry is None:
             return
-        mods = {"activation_backward": A, "add_tensor": T, "scale_tensor": T, "op_tensor": T, "transform_tensor": T,
-                "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R,
-                "batch_normalization_forward_inference": BN, "norm_forward_inference": NM}
         got = fastcall.map_entries({n: getattr(m, "_py_" + n) for n, m in mods.items()})
     except Exception:  # noqa: BLE001 - an optimisation: the Python functions answer
         got = None

@@ -5,6 +5,7 @@ Forward  y  = alpha * f(x) + beta * y
 Backward dx = alpha * f'(x) * dy + beta * dx   (sigmoid and tanh use y; the others use x)
 """
 import functools
+import sys
 
 from .. import enums as E
 from .. import tuning
@@ -334,3 +335,6 @@ def activation_backward(handle, activation_desc, alpha, y_desc, y, dy_desc, dy, 
 
 
 _py_activation_backward = activation_backward  # the Python function behind the compiled entry (ew._setup_entries)
+
+# the compiled entries over this module's Python functions (_elementwise._setup_entries)
+ew.register_entries(sys.modules[__name__], "activation_forward", "activation_backward")

@@ -66,6 +66,7 @@ for tensors larger than L2) and writes y once; backward reads x and dy twice and
 import ctypes
 import math
 import struct
+import sys
 
 from .. import enums as E
 from .. import tuning
@@ -1825,3 +1826,6 @@ def plan_summary(handle, direction, mode, x_desc, *others, ex=False):
     seqs = {name: [(lc.kernel, lc.vec, lc.grid, lc.block, dict(lc.fields)) for lc in seq]
             for name, seq in pl.seqs.items()}
     return pl.geom.layout, seqs, pl.ws_need
+
+# the compiled entries over this module's Python functions (_elementwise._setup_entries)
+_ew.register_entries(sys.modules[__name__], "batch_normalization_forward_inference")

@@ -61,6 +61,7 @@ partials in the workspace, their sums, a table of dx's coefficients, and dx over
 import ctypes
 import math
 import struct
+import sys
 
 from .. import enums as E
 from .. import tuning
@@ -1967,3 +1968,6 @@ C_API = [("Layer, group, instance and RMS normalization (pydnn extensions)", [
     ("pydnnStatus_t pydnnNormBackward(pydnnHandle_t handle, const pydnnNormDescriptor_t normDesc, const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff, const pydnnTensorDescriptor_t xDesc, const void *x, const pydnnTensorDescriptor_t dyDesc, const void *dy, const pydnnTensorDescriptor_t dxDesc, void *dx, const pydnnTensorDescriptor_t scaleBiasDesc, const void *scale, const void *bias, void *resultScaleDiff, void *resultBiasDiff, const pydnnTensorDescriptor_t meanInvstdDesc, const void *savedMean, const void *savedInvStd, void *workspace, size_t workspaceSizeInBytes);",
      "dx, dscale, dbias (alpha/beta blended; dbias may be NULL) from the saved statistics; the activation's derivative at the recomputed pre-activation."),
 ])]
+
+# the compiled entries over this module's Python functions (_elementwise._setup_entries)
+_ew.register_entries(sys.modules[__name__], "norm_forward_inference")

@@ -44,6 +44,7 @@ NCHW-like layouts on the scalar path take p2_fwd / p2_bwd (P2: a thread per elem
 forward windows <= 3 x 3, backward <= 2 covering windows per dim; bitwise the scalar kernels' values).
 """
 import ctypes
+import sys
 
 from .. import enums as E
 from .. import tuning
@@ -991,3 +992,6 @@ def global_average_pooling_backward(handle, alpha, dy_desc, dy, beta, dx_desc, d
     mode = E.PYDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING
     _backward(handle, "global", _key("gbwd", dy_desc, dx_desc), mode, E.PYDNN_NOT_PROPAGATE_NAN, None, alpha,
               None, None, dy_desc, dy, None, None, beta, dx_desc, dx)
+
+# the compiled entries over this module's Python functions (_elementwise._setup_entries)
+ew.register_entries(sys.modules[__name__], "pooling_forward")

@@ -23,6 +23,7 @@ Results are deterministic: every run of one call on one device gives the same bi
 orders, no atomics). Kernel choice, launch shapes and workspace: see _configs.
 """
 import ctypes
+import sys
 
 from .. import enums as E
 from .. import tuning
@@ -566,3 +567,6 @@ def _size(name, v):
     if i is None or i < 0:
         raise PydnnError(E.PYDNN_STATUS_BAD_PARAM, f"{name}: {v!r} is not a size in bytes")
     return i
+
+# the compiled entries over this module's Python functions (_elementwise._setup_entries)
+_ew.register_entries(sys.modules[__name__], "reduce_tensor")

@@ -31,6 +31,7 @@ pointers of each call pick between them (row: every pointer at the same offset m
 row's unaligned head and tail are done element by element; col: every pointer 16-byte aligned).
 """
 import ctypes
+import sys
 
 from .. import enums as E
 from .. import tuning
@@ -518,3 +519,6 @@ def softmax_backward(handle, algo, mode, alpha, y_desc, y, dy_desc, dy, beta, dx
     al, be = scalar("alpha", alpha), scalar("beta", beta)
     ptrs = (device_ptr(dx, "dx", pl.need[0]), device_ptr(y, "y", pl.need[1]), device_ptr(dy, "dy", pl.need[2]))
     _run(handle, pl, ptrs, ("dx", "y", "dy"), al, be)
+
+# the compiled entries over this module's Python functions (_elementwise._setup_entries)
+ew.register_entries(sys.modules[__name__], "softmax_forward")

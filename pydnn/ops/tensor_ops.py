@@ -21,6 +21,7 @@ not implement), EXECUTION_FAILED_CUDA_DRIVER (the launch failed).
 """
 import ctypes
 import math
+import sys
 
 import numpy as np
 
@@ -542,3 +543,6 @@ def transform_tensor(handle, alpha, x_desc, x, beta, y_desc, y):
 
 
 _py_transform_tensor = transform_tensor  # the Python function behind the compiled entry (ew._setup_entries)
+
+# the compiled entries over this module's Python functions (_elementwise._setup_entries)
+ew.register_entries(sys.modules[__name__], "add_tensor", "scale_tensor", "op_tensor", "transform_tensor")
