@@ -353,8 +353,8 @@ batchnorm = Switches(
     NC_RES_WAVE=(True, 'NC_RES where its register-resident blocks need more than one wave: the streaming form (4 '
                        'elements a thread in registers, the rest read in each pass, blocks that keep every channel in '
                        'one wave); the reasons: pydnn/ops/batchnorm.py'),
-    NC_RES_SU=(4, "NC_RES_WAVE's streaming passes: elements a thread loads together per step (4, or 1: the form "
-                  'session 31\'s run 2 measured, compiled on first use); the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES_SU=(1, "NC_RES_WAVE's streaming passes: elements a thread loads together per step (1, or 4: the "
+                  'batched form, compiled on first use); the reasons: pydnn/ops/batchnorm.py'),
     NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
                        'reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '

@@ -827,9 +827,9 @@ NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
 # bench's fp16 4x139x64x64 at 0.0333 against 0.0284 (the resident form, untouched, read 0.0264 / 0.0262): a
 # regression by that cross-run reading. The same-run A/B (session 32's final call, H200, tools/bench_memory_points.py
 # ncrsu_* points, eager ms SU 4 / SU 1, PyTorch beside): fp32 5x1481x23x23 0.0329 / 0.0283 (0.902x -> 1.026x), fp16
-# 4x139x64x64 0.0334 / 0.0278 (0.529x -> 0.653x): SU 1 is faster on both. Still 4: SU 1 is a first-use
-# instantiation, and making it the installed one costs build time the 2-core install (299 s of 300) lacks.
-# NC_RES_SU: a switch, pydnn.tuning.batchnorm.NC_RES_SU (default 4)
+# 4x139x64x64 0.0334 / 0.0278 (0.529x -> 0.653x): SU 1 is faster on both, so 1 is the default (session 33) and
+# the installed form; SU 4 compiles on first use (rare.py), the same number of instantiations.
+# NC_RES_SU: a switch, pydnn.tuning.batchnorm.NC_RES_SU (default 1)
 NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
 NC_RES_STREAM_PER = 4
 NC_RES_STREAM_REGS = {"fwd": 40, "bwd": 56}  # (sm_90: 40 / 47-49; allocated in 8s)
@@ -862,7 +862,7 @@ def _nc_res_launch(handle, g, direction, tag):
             st = min(st, cdiv(cdiv(m, sp), 32) * 32)
             if c <= handle.sm_count * _res_blocks_per_sm(st, NC_RES_STREAM_REGS[direction]):
                 break
-        su = ", 1" if tuning.batchnorm.NC_RES_SU == 1 else ""  # (SU 4: the template's default)
+        su = "" if tuning.batchnorm.NC_RES_SU == 4 else ", 1"  # (SU 4: the template's default)
         return _Launch("nc_res", None, (c, 1, 1), (st, 1, 1), {}, f"{sp}, {b}, true{su}")
     return _Launch("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, f"{per}, {b}")
 

@@ -65,7 +65,7 @@ def _want_launch(m, c, direction, sms=132, wave=True):
         st = min(st, -(-(-(-m // 4)) // 32) * 32)
         if c <= sms * _bpsm(st, sr):
             break
-    return f"4, {b}, true", st
+    return f"4, {b}, true, 1", st  # (NC_RES_SU 1, the default: one element a step)
 
 
 CASES = [((5, 1481, 23, 23), F32), ((1, 306, 99, 99), BF16), ((4, 256, 64, 64), BF16), ((4, 139, 64, 64), F16), ((2, 3, 77, 77), BF16), ((21, 413, 9, 9), F16),
@@ -86,16 +86,16 @@ def test_ncres_plans_and_pick(dims, dtype, direction, ex):
     u, threads = _want_launch(m, c, direction)
     assert (lc.kernel, lc.vec, lc.grid, lc.block, lc.fields, lc.u) == ("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, u)
     per = int(u.split(",")[0])
-    assert (per * threads >= m or u.endswith(", true, true") or u.endswith(", false, true")) and threads % 32 == 0
+    stream = u.endswith(", true, true, 1") or u.endswith(", false, true, 1")
+    assert (per * threads >= m or stream) and threads % 32 == 0
     assert threads <= B.NC_RES_THREADS
     with tuning.override({"batchnorm.NC_RES_WAVE": False}):
         lr = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
         assert (lr.u, lr.block[0]) == _want_launch(m, c, direction, wave=False)
-    with tuning.override({"batchnorm.NC_RES_SU": 1}):  # (the streaming form loading one element a step)
-        l1 = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
-        assert (l1.u, l1.block) == ((u + ", 1") if u.endswith(", true, true") or u.endswith(", false, true") else u,
-                                    lc.block)
-        assert B._expr(l1.kernel, pl.tag, l1.vec, l1.u) in set(next(u for u in B.kernel_units()
+    with tuning.override({"batchnorm.NC_RES_SU": 4}):  # (the streaming form loading 4 elements a step)
+        l4 = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
+        assert (l4.u, l4.block) == (u[:-len(", 1")] if stream else u, lc.block)
+        assert B._expr(l4.kernel, pl.tag, l4.vec, l4.u) in set(next(u for u in B.kernel_units()
                                                                    if u.name == pl.unit).exprs)
     assert (pl.params.nc_n, pl.params.nc_hw) == (n, int(np.prod(dims[2:])))
     exprs = set(next(u for u in B.kernel_units() if u.name == pl.unit).exprs)
