@@ -170,6 +170,20 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     # "activation.PLAIN_ACCESS=(0, 1, 2)" keeps sigmoid, ReLU and tanh plain; the default since session 32: (1, 0))
     "act_tanh_12701x65536_bf16": (dict(family="act_fwd", dtype="bf16", variant="tanh", rows=12701, hidden=65536),
                                   None),
+    # session 33: the 16-bit TANH forward on tanh_fast (TANH_FAST, the default) against tanhf, at 8 and 16 elements
+    # a thread (TANH_ELEMS): every form is an instantiation of activation.h16 (first use for the non-default ones)
+    "tanh_12701x65536_bf16": (dict(family="act_fwd", dtype="bf16", variant="tanh", rows=12701, hidden=65536),
+                              [{"activation.TANH_FAST": False}, {"activation.TANH_ELEMS": 16},
+                               {"activation.TANH_FAST": False, "activation.TANH_ELEMS": 16}]),
+    "tanh_3000x8192_fp16": (dict(family="act_fwd", dtype="fp16", variant="tanh", rows=3000, hidden=8192),
+                            [{"activation.TANH_FAST": False}, {"activation.TANH_ELEMS": 16}]),
+    "tanh_2048x1000_bf16": (dict(family="act_fwd", dtype="bf16", variant="tanh", rows=2048, hidden=1000),
+                            [{"activation.TANH_FAST": False}, {"activation.TANH_ELEMS": 16}]),
+    # session 33: the final sweep's other worst points (H200, session 32: 0.888-0.90x), defaults only (diagnosis)
+    "bn_bwd_2x477x13_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=2, c=477, hw=13), None),
+    "rmsi_1693x6776_bf16": (dict(family="rms_fwd_infer", dtype="bf16", rows=1693, hidden=6776),
+                            [{"norm.ROWS_FIT": True}, {"norm.STREAM": {"gn_reg"}}]),
+    "reduce_sum_18x65536_fp32": (dict(family="reduce", dtype="fp32", variant="sum", rows=18, hidden=65536), None),
     "act_relu_7549x25760_fp32": (dict(family="act_fwd", dtype="fp32", variant="relu", rows=7549, hidden=25760), None),
     "actb_relu_297888x256_fp32": (dict(family="act_bwd", dtype="fp32", variant="relu", rows=297888, hidden=256),
                                   None),

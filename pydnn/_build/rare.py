@@ -68,6 +68,9 @@ RULES = (
     # --- modes and layouts that a planner chooses, but that deep-learning models rarely ask for
     Rule(r"activation\.(f32|h16)", r"::act::(ClippedRelu|Elu|Identity)(Bwd)?<",
          "CLIPPED_RELU, ELU and IDENTITY activations"),
+    Rule(r"activation\.h16", r"::act::Tanh<false>|::act::Tanh<true>, \d+, \d+, 2, ",
+         "16-bit TANH forward's other forms: tanhf (tuning.activation.TANH_FAST off) and two vectors a thread "
+         "(TANH_ELEMS 16)"),
     Rule(r"activation\.(f32|h16)", r"map_strided<",
          "activations of non-dense tensors (map_strided). (The scalar map_contig is installed: a dense plan looks "
          "it up with its vector kernel, pydnn/ops/_elementwise.py)"),
