@@ -357,6 +357,8 @@ batchnorm = Switches(
                   'batched form, compiled on first use); the reasons: pydnn/ops/batchnorm.py'),
     NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
                        'reasons: pydnn/ops/batchnorm.py'),
+    GEN_THREAD_ROWS=(1, 'the fused gen kernels (a block per feature): threads = the power of two >= rows / '
+                        'GEN_THREAD_ROWS (capped); the reasons: pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
                          'reasons: pydnn/ops/batchnorm.py'),
 )

@@ -750,12 +750,20 @@ def _planes_ok(g, vec):
     return True
 
 
+# GEN_THREAD_ROWS (session 33): the fused gen kernels' block is the power of two >= rows / GEN_THREAD_ROWS threads
+# (capped at GEN_THREADS / GEN_THREADS_BWD); each thread keeps kUnroll (4) rows in flight, so 1 (every row its own
+# thread: 512 threads for 338 rows) leaves most of a short block idle through its 9-level double-precision merge,
+# and its registers (bwd) hold fewer blocks per SM. Why the switch: the sweep's worst point, bn_bwd NHWC fp32
+# 2x477x13x13 (338 rows, 477 blocks on gen: GEN_TINY), 0.888x PyTorch (H200, session 32's final sweep; device
+# time 20.6 us in a CUDA graph against 14.1 on the rows path, session 28). Predicted with 4: 128 threads, 7
+# merge levels, one wave, ~1.5x less device time there.
+# GEN_THREAD_ROWS: a switch, pydnn.tuning.batchnorm.GEN_THREAD_ROWS (default 1)
 def _gen_launch(kernel, g):
     if kernel == "infer_gen":
         total = g.rows * g.feats
         return _Launch(kernel, None, (max(1, min(cdiv(total, THREADS), 2**31 - 1)), 1, 1), (THREADS, 1, 1), {})
     cap = GEN_THREADS_BWD if kernel.startswith("bwd") else GEN_THREADS
-    threads = max(32, min(cap, next_pow2(g.rows)))
+    threads = max(32, min(cap, next_pow2(cdiv(g.rows, tuning.batchnorm.GEN_THREAD_ROWS))))
     return _Launch(kernel, None, (max(1, min(g.feats, 2**31 - 1)), 1, 1), (threads, 1, 1), {})
 
 

@@ -256,11 +256,14 @@ def test_nc_reproducible(handle, rng):
 
 
 @pytest.mark.parametrize("dims,layout", [((7, 35, 5, 5), "nhwc"), ((18, 5, 9, 9), "nhwc"), ((2, 127, 11, 11), "nchw"),
-                                         ((36, 33, 2, 2), "nhwc")])
+                                         ((36, 33, 2, 2), "nhwc"), ((3, 50, 7, 7), "nhwc")])
 @_dt(F32, BF16)
-def test_gen_tiny(handle, dims, layout, dtype, rng, launched, monkeypatch):
-    """GEN_TINY: tiny training / backward calls (Ex too) take the single gen launch."""
+@pytest.mark.parametrize("thread_rows", [1, 2, 4])
+def test_gen_tiny(handle, dims, layout, dtype, thread_rows, rng, launched, monkeypatch):
+    """GEN_TINY: tiny training / backward calls (Ex too) take the single gen launch; its blocks of the power of two
+    >= rows / GEN_THREAD_ROWS threads (up to kUnroll rows a thread in flight: 147 rows on 64 threads at 4)."""
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 32768)
+    monkeypatch.setattr(tuning.batchnorm, "GEN_THREAD_ROWS", thread_rows)
     t = G._train(handle, SPATIAL, dims, layout, dtype, rng)
     assert launched[-1] == [("fwd_fused_gen", None)]
     G._backward(handle, t, dtype, SPATIAL, rng, saved=True)
