@@ -725,6 +725,8 @@ reduce = Switches(
     ROW_ROUNDS=(2, "rows_vec: a row's group G is the power of two that leaves each thread about ROW_ROUNDS rounds "
                    "of kUnroll vector loads (G = next_pow2(units / (ROW_ROUNDS * kUnroll)), at most a block); 1 "
                    'ran AVG 53513 x 2824 fp32 at 0.300 ms against 0.219 (H200); the reasons: pydnn/ops/reduce.py'),
+    SEG_ROUNDS=(4, 'rows / columns split into segments (a second pass over the partials): at least this many rounds '
+                   'of kUnroll loads a thread in a segment; the reasons: pydnn/ops/reduce.py'),
     ROW_ROUNDS_WIDE=(8, 'rows_vec with many rows: ROW_ROUNDS_WIDE rounds per thread where that leaves groups of >= 32 '
                         'threads and >= a wave of threads over all rows (AVG 53513 x 2824 fp32 0.217 -> 0.159 ms, '
                         'H200); 0: ROW_ROUNDS everywhere; the reasons: pydnn/ops/reduce.py'),
