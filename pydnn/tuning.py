@@ -703,6 +703,9 @@ softmax = Switches(
                  'cluster of blocks (row_split_fwd, max and sum through distributed shared memory) instead of one '
                  'block a row; the reasons: pydnn/ops/softmax.py (SPLIT_CL)'),
     SPLIT_MIN_LEN=(8192, 'row_split_fwd: rows of at least this many elements'),
+    COL_FILL=(0, 'channel softmax with fewer (outer x tile) blocks than SMs: tiles narrower than a 32-byte sector '
+                 'until the blocks fill the SMs (1; the col kernel where the channels then fit its registers), or '
+                 'down to the width whose channels fit the registers (2); 0: off; the reasons: pydnn/ops/softmax.py'),
 )
 
 tensor_ops = Switches(

@@ -194,6 +194,16 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     "rmsi_1693x6776_bf16": (dict(family="rms_fwd_infer", dtype="bf16", rows=1693, hidden=6776),
                             [{"norm.ROWS_FIT": False}, {"norm.STREAM": {"gn_reg"}},
                              {"norm.PF_BYTES": {"fwd_rows": 8 << 20, "gn_reg": 8 << 20}}]),
+    # session 33: channel softmax over few (outer, tile) blocks: COL_FILL 1 / 2 (narrower tiles; the register
+    # kernel) against the sector-wide col_loop (the default, 0)
+    "smc_40x601x3_bf16": (dict(family="softmax_channel", dtype="bf16", layout="NCHW", n=40, c=601, hw=3),
+                          [{"softmax.COL_FILL": 1}, {"softmax.COL_FILL": 2}]),
+    "smc_8x1000x7_fp16": (dict(family="softmax_channel", dtype="fp16", layout="NCHW", n=8, c=1000, hw=7),
+                          [{"softmax.COL_FILL": 1}, {"softmax.COL_FILL": 2}]),
+    "smc_2x2048x5_fp32": (dict(family="softmax_channel", dtype="fp32", layout="NCHW", n=2, c=2048, hw=5),
+                          [{"softmax.COL_FILL": 1}]),
+    "smc_16x300x9_fp32": (dict(family="softmax_channel", dtype="fp32", layout="NCHW", n=16, c=300, hw=9),
+                          [{"softmax.COL_FILL": 2}]),
     "reduce_sum_18x65536_fp32": (dict(family="reduce", dtype="fp32", variant="sum", rows=18, hidden=65536),
                                  [{"reduce.SEG_ROUNDS": 1}, {"reduce.SEG_ROUNDS": 2}]),
     "reduce_max_9x65536_bf16": (dict(family="reduce", dtype="bf16", variant="max", rows=9, hidden=65536),

@@ -68,6 +68,16 @@ ROW_MAX_GROUP = 1024                # threads per row at most (a block)
 ROW_MIN_BLOCK = 128                 # row kernels: threads per block at least (rows share a block)
 ROW_VEC_MIN_VECTORS = 8             # shorter rows take the scalar row kernel
 LOOP_GROUP = 512                    # row_loop: threads per row (one row per block)
+# COL_FILL (session 33): a channel softmax whose channels do not fit the col kernel's registers at a full 32-byte
+# sector per channel line took col_loop at that width, one block per (outer, tile): NCHW bf16 40 x 601 x 3 x 3 ran
+# 40 blocks of 16 x 16 threads, each streaming 601 channels twice (9.2 us a call in a CUDA graph, 0.85x PyTorch;
+# H200, session 32's mid-session sweep). With COL_FILL, while the blocks are fewer than the SMs the tile narrows
+# below the sector (down to one position: 9 x 40 = 360 blocks), and where the channels then fit BY x kColItems the
+# col kernel holds them in registers (one read of x instead of two). The narrower lines cost L2 sectors (2 of 32
+# bytes used per load there), which a tensor this small (433 KB) reads from L2. 2: also narrower still, to the
+# width whose channels fit the registers (C <= 1024 at one position), while the blocks stay under 4 waves' worth of
+# SMs. A switch until measured (0: off, 1, 2).
+# COL_FILL: a switch, pydnn.tuning.softmax.COL_FILL (default 0)
 COL_ITEMS = 4                       # kColItems: channels per thread
 COL_THREADS = 256                   # kColThreads
 GEN_THREADS = 256                   # kGenThreads
@@ -330,6 +340,12 @@ def _configs(handle, backward, kind, mode, descs):
         need_by = next_pow2(cdiv(C, COL_ITEMS))
         bx_full = next_pow2(sv)
         bx_min = min(bx_full, max(1, 32 // (v * size)))  # a 32-byte sector per channel line
+        outer = rows // S
+        if tuning.softmax.COL_FILL and need_by * bx_min > COL_THREADS:  # (see COL_FILL above)
+            while bx_min > 1 and outer * cdiv(sv, bx_min) < handle.sm_count:
+                bx_min //= 2
+            if tuning.softmax.COL_FILL == 2 and outer * cdiv(sv, bx_min) < 4 * handle.sm_count:
+                bx_min = max(1, min(bx_min, COL_THREADS // need_by))  # (the registers' width where C allows)
         if need_by * bx_min <= COL_THREADS:  # channels in registers
             bx = min(bx_full, COL_THREADS // need_by)
             kernel, expr = f"col_{d}", _expr(f"col_{d}", tag, v, kind=kind)
@@ -338,7 +354,6 @@ def _configs(handle, backward, kind, mode, descs):
             kernel, expr = f"col_loop_{d}", _expr(f"col_loop_{d}", tag, v)
         by = COL_THREADS // bx
         tiles = cdiv(sv, bx)
-        outer = rows // S
         p = _params(kind, outer, C, rsz[:-1], [s[:-1] for s in rst], esz, est, nops)
         p.cols, p.tiles = S, tiles
         return launch(kernel, v, p, outer * tiles, (bx, by, 1), expr)

@@ -19,6 +19,7 @@ timeout 45 python3 tools/bench_memory_points.py --points \
 tanh_12701x65536_bf16,tanh_3000x8192_fp16,tanh_2048x1000_bf16,ncrsu_bwd_nchw_5x1481x23_fp32,\
 ncrsu_bwd_nchw_4x139x64_fp16,ncrsu_bwd_nchw_1x306x99_bf16,ncrsu_train_nchw_4x256x64_bf16,bn_bwd_2x477x13_fp32,\
 gen_train_51x175x2_bf16,gen_bwd_4x200x8_fp16,gen_bwd_1x1000x7_fp32,gen_train_20x300x4_fp32,\
+smc_40x601x3_bf16,smc_8x1000x7_fp16,smc_2x2048x5_fp32,smc_16x300x9_fp32,\
 rmsi_1693x6776_bf16,reduce_sum_18x65536_fp32,reduce_max_9x65536_bf16,reduce_avg_40x100000_fp32,\
 addplain_7167x8272_fp16,actb_relu_297888x256_fp32 2>&1 | tee "$OUT/points.txt"
 el "points"
@@ -42,6 +43,9 @@ el "activation tests rc $?"; tail -2 "$OUT/tests.txt"
 timeout $(left) python3 -m pytest -q -p no:cacheprovider tests/ops/reduce/test_reduce_tail_gpu.py::test_seg_rounds \
   >> "$OUT/tests.txt" 2>&1
 el "reduce segment tests rc $?"; tail -2 "$OUT/tests.txt"
+timeout $(left) python3 -m pytest -q -p no:cacheprovider tests/ops/softmax/test_softmax_gpu.py::test_col_fill \
+  >> "$OUT/tests.txt" 2>&1
+el "softmax COL_FILL tests rc $?"; tail -2 "$OUT/tests.txt"
 timeout $(left) python3 -m pytest -q -p no:cacheprovider tests/ops/batchnorm/test_batchnorm_nc_gpu.py::test_gen_tiny \
   tests/ops/batchnorm/test_batchnorm_ncres_gpu.py >> "$OUT/tests.txt" 2>&1
 el "batch norm nc_res / gen tests rc $?"; tail -2 "$OUT/tests.txt"
