@@ -219,6 +219,7 @@ class Ctx:
     graph_timer = None
     graph_empty_ms = None  # None: no CUDA-graph timing (unavailable, or a capture failed earlier)
     torch_stats = False    # --torch-stats: norm backward points take their saved statistics from PyTorch
+    paired = 0             # --paired N: both sides timed in N alternating rounds (bench.time_pair), not one block each
 
 
 def _tdt(dt):
@@ -551,8 +552,12 @@ def run_point(c, p, rows, checked):
             row["check_err"] = err
             if not ok:
                 row["note"] = f"CHECK FAILED: max rel err {err:.3g}"
-        row["ms_pydnn"] = c.timer(case["p"])
-        row["ms_ref"] = c.timer(case["t"])
+        if c.paired:  # (alternating rounds: a drift of the clocks over the point falls on both sides alike)
+            from bench import time_pair
+            row["ms_pydnn"], row["ms_ref"] = time_pair(case["p"], case["t"], rounds=c.paired, reps=c.reps)
+        else:
+            row["ms_pydnn"] = c.timer(case["p"])
+            row["ms_ref"] = c.timer(case["t"])
         row["ratio"] = row["ms_ref"] / row["ms_pydnn"]
         row["moved_bytes"] = case["nbytes"]
         row["gbs_pydnn"] = case["nbytes"] / row["ms_pydnn"] / 1e6
@@ -680,7 +685,10 @@ def main(argv=None):
                          "[layout] shape [variant] dtype' (e.g. 'gn_fwd_infer NCHW 3x103x99x99 fp32;rms_bwd 1x56616 "
                          "fp32')")), ("--torch-stats", dict(
         action="store_true", help="layer / RMS / group / instance backward points take the saved mean / "
-                                  "inverse std from PyTorch instead of pydnn's forward (no forward kernel compiled)"))])
+                                  "inverse std from PyTorch instead of pydnn's forward (no forward kernel compiled)")),
+        ("--paired", dict(type=int, default=0, metavar="N",
+                          help="time pydnn and PyTorch in N alternating rounds each (tools/bench.py's time_pair) "
+                               "instead of one block of --reps samples each, pydnn first"))])
     if args.render:
         return SC.render(args, "sweep_memory", lambda rows, meta: report(
             rows, meta, meta.get("budget_note", "rendered from " + args.render), meta.get("elapsed_s", float("nan"))),
@@ -695,6 +703,7 @@ def main(argv=None):
     c.h, c.copy_gbs = b.h, b.copy_gbs
     c.torch_stats = args.torch_stats
     reps = args.reps or (10 if args.quick else 12)
+    c.paired, c.reps = args.paired, reps
     c.timer = SC.gpu_timer(reps, 2)
     c.graph_timer = lambda fn: SC.graph_ms(c.h, fn)
     empty = None
@@ -717,7 +726,8 @@ def main(argv=None):
     if args.points:
         pts = [parse_point(q) for q in args.points.split(";") if q.strip()]
         meta["points"] = args.points
-    meta.update(SC.device_meta(), budget_s=args.budget_s, reps=reps, copy_gbs=c.copy_gbs, empty_ms=c.empty_ms,
+    meta.update(SC.device_meta(), budget_s=args.budget_s, reps=reps, paired=args.paired, copy_gbs=c.copy_gbs,
+                empty_ms=c.empty_ms,
                 graph_empty_ms=c.graph_empty_ms)
     rows, checked = [], {}
     for p in pts:

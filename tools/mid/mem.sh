@@ -32,9 +32,13 @@ import json, sys
 d = json.load(open(sys.argv[1] + "/sweep/sweep_memory.json"))
 print(";".join(f"{r['group']} {r['case']} {r['dtype']}" for r in d["rows"] if r.get("ratio") is not None and r["ratio"] < 1.0))
 PY
-[ -s "$OUT/below.txt" ] && timeout 25 python3 tools/sweep_memory.py --points "$(cat "$OUT/below.txt")" --budget-s 20 \
+[ -s "$OUT/below.txt" ] && timeout 20 python3 tools/sweep_memory.py --points "$(cat "$OUT/below.txt")" --budget-s 12 \
   --out "$OUT/below" > "$OUT/below_sweep.txt" 2>&1
 el "below-1.0 points again"
+# and once more in alternating rounds (pydnn, PyTorch, x3): does the sweep's one-block order move them?
+[ -s "$OUT/below.txt" ] && timeout 20 python3 tools/sweep_memory.py --points "$(cat "$OUT/below.txt")" --budget-s 12 \
+  --paired 3 --out "$OUT/below_paired" > "$OUT/below_paired.txt" 2>&1
+el "below-1.0 points paired"
 # GPU tests of what changed (the rest, if cut, in the final command)
 left() { local l=$(( 146 - ($(date +%s) - t0) )); [ $l -lt 1 ] && l=1; echo $l; }
 timeout $(left) python3 -m pytest -q -p no:cacheprovider tests/ops/activation/test_activation_gpu.py \
