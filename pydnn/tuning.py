@@ -690,9 +690,9 @@ activation = Switches(
     PLAIN_ACCESS=((1, 0), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0): RELU (1), SIGMOID (0) '
                           '(ReLU backward fp32 297888 x 256 0.95x -> 1.00x PyTorch plain, H200); the others stream '
                           '(evict-first); the reasons: pydnn/ops/activation.py'),
-    TANH_FAST=(True, '16-bit TANH forward on tanh_fast (ex2 / rcp approximations, relative error < 1.5e-6: ~13 '
-                     'instructions an element) instead of tanhf (~18; compiled on first use); the reasons: '
-                     'pydnn/ops/activation.py'),
+    TANH_FAST=(True, '16-bit TANH forward on tanh_fast (ex2 / rcp approximations, relative error < 1.5e-6: 16.0 '
+                     'instructions an element in the vector kernel) instead of tanhf (19.1; compiled on first use); '
+                     'the reasons: pydnn/ops/activation.py'),
     TANH_ELEMS=(8, '16-bit TANH forward: elements per thread (8: one 16-byte vector, or 16: two, as the GELU / swish '
                    'forwards take; compiled on first use); the reasons: pydnn/ops/activation.py'),
 )

@@ -57,12 +57,12 @@ def _hint(mode):
     return 0 if mode in tuning.activation.PLAIN_ACCESS else None
 
 
-# 16-bit TANH forward (session 33): Tanh<true> evaluates tanh_fast (ptx/activation.cu: ex2 / rcp approximations, ~13
-# instructions an element against tanhf's ~18, relative error < 1.5e-6) and Tanh<false> tanhf. Why: bf16 tanh
-# 12701 x 65536 ran at 0.896-0.94x PyTorch (94% of copy, H200, session 32's sweeps; the plain cache policy did not
-# move it: 0.8545 / 0.8566 ms), where the kernel issues ~27 instructions an element with the folded 16-bit
-# conversions: predicted at copy speed with ~5 fewer, or with two vectors a thread in flight (TANH_ELEMS 16, as
-# GELU's forwards). Both switches' other values compile on first use (pydnn/_build/rare.py).
+# 16-bit TANH forward (session 33): Tanh<true> evaluates tanh_fast (ptx/activation.cu: ex2 / rcp approximations,
+# relative error < 1.5e-6) and Tanh<false> tanhf. Why: bf16 tanh 12701 x 65536 ran at 0.896-0.94x PyTorch (94% of
+# copy, H200, session 32's sweeps; the plain cache policy did not move it: 0.8545 / 0.8566 ms), where the vector
+# kernel issues 19.1 SASS instructions an element (load to store, the folded 16-bit conversions included): 16.0
+# with tanh_fast. Predicted at copy speed with those fewer, or with two vectors a thread in flight (TANH_ELEMS 16,
+# as GELU's forwards). Both switches' other values compile on first use (pydnn/_build/rare.py).
 # TANH_FAST: a switch, pydnn.tuning.activation.TANH_FAST (default True)
 # TANH_ELEMS: a switch, pydnn.tuning.activation.TANH_ELEMS (default 8)
 
