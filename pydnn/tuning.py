@@ -357,8 +357,9 @@ batchnorm = Switches(
                   'batched form, compiled on first use); the reasons: pydnn/ops/batchnorm.py'),
     NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
                        'reasons: pydnn/ops/batchnorm.py'),
-    GEN_THREAD_ROWS=(1, 'the fused gen kernels (a block per feature): threads = the power of two >= rows / '
-                        'GEN_THREAD_ROWS (capped); the reasons: pydnn/ops/batchnorm.py'),
+    GEN_WAVE=(True, 'the fused gen kernels (a block per feature): a row a thread, the threads halved while the blocks '
+                    'take more than one wave (down to 4 rows a thread); off: a row a thread; the reasons: '
+                    'pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
                          'reasons: pydnn/ops/batchnorm.py'),
 )
@@ -703,7 +704,7 @@ softmax = Switches(
                  'cluster of blocks (row_split_fwd, max and sum through distributed shared memory) instead of one '
                  'block a row; the reasons: pydnn/ops/softmax.py (SPLIT_CL)'),
     SPLIT_MIN_LEN=(8192, 'row_split_fwd: rows of at least this many elements'),
-    COL_FILL=(0, 'channel softmax with fewer (outer x tile) blocks than SMs: tiles narrower than a 32-byte sector '
+    COL_FILL=(1, 'channel softmax with fewer (outer x tile) blocks than SMs: tiles narrower than a 32-byte sector '
                  'until the blocks fill the SMs (1; the col kernel where the channels then fit its registers), or '
                  'down to the width whose channels fit the registers (2); 0: off; the reasons: pydnn/ops/softmax.py'),
 )

@@ -180,28 +180,28 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     "tanh_2048x1000_bf16": (dict(family="act_fwd", dtype="bf16", variant="tanh", rows=2048, hidden=1000),
                             [{"activation.TANH_FAST": False}, {"activation.TANH_ELEMS": 16}]),
     # session 33: the final sweep's other worst points (H200, session 32: 0.888-0.90x), defaults only (diagnosis)
-    # gen's threads per block (GEN_THREAD_ROWS: rows / threads) on GEN_TINY's one-launch calls
+    # gen's threads per block on GEN_TINY's one-launch calls: GEN_WAVE (the default) against a row a thread
     "bn_bwd_2x477x13_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=2, c=477, hw=13),
-                             [{"batchnorm.GEN_THREAD_ROWS": 2}, {"batchnorm.GEN_THREAD_ROWS": 4}]),
+                             [{"batchnorm.GEN_WAVE": False}]),
     "gen_train_51x175x2_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=51, c=175, hw=2),
-                                [{"batchnorm.GEN_THREAD_ROWS": 2}, {"batchnorm.GEN_THREAD_ROWS": 4}]),
+                                [{"batchnorm.GEN_WAVE": False}]),
     "gen_bwd_4x200x8_fp16": (dict(family="bn_bwd", dtype="fp16", layout="NHWC", n=4, c=200, hw=8),
-                             [{"batchnorm.GEN_THREAD_ROWS": 2}, {"batchnorm.GEN_THREAD_ROWS": 4}]),
+                             [{"batchnorm.GEN_WAVE": False}]),
     "gen_bwd_1x1000x7_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=1, c=1000, hw=7),
-                              [{"batchnorm.GEN_THREAD_ROWS": 4}]),
+                              [{"batchnorm.GEN_WAVE": False}]),
     "gen_train_20x300x4_fp32": (dict(family="bn_train", dtype="fp32", layout="NHWC", n=20, c=300, hw=4),
-                                [{"batchnorm.GEN_THREAD_ROWS": 2}, {"batchnorm.GEN_THREAD_ROWS": 4}]),
+                                [{"batchnorm.GEN_WAVE": False}]),
     "rmsi_1693x6776_bf16": (dict(family="rms_fwd_infer", dtype="bf16", rows=1693, hidden=6776),
                             [{"norm.ROWS_FIT": False}, {"norm.STREAM": {"gn_reg"}},
                              {"norm.PF_BYTES": {"fwd_rows": 8 << 20, "gn_reg": 8 << 20}}]),
-    # session 33: channel softmax over few (outer, tile) blocks: COL_FILL 1 / 2 (narrower tiles; the register
-    # kernel) against the sector-wide col_loop (the default, 0)
+    # session 33: channel softmax over few (outer, tile) blocks: COL_FILL 1 (the default: narrower tiles) against
+    # the sector-wide col_loop (0) and 2 (down to the register kernel)
     "smc_40x601x3_bf16": (dict(family="softmax_channel", dtype="bf16", layout="NCHW", n=40, c=601, hw=3),
-                          [{"softmax.COL_FILL": 1}, {"softmax.COL_FILL": 2}]),
+                          [{"softmax.COL_FILL": 0}, {"softmax.COL_FILL": 2}]),
     "smc_8x1000x7_fp16": (dict(family="softmax_channel", dtype="fp16", layout="NCHW", n=8, c=1000, hw=7),
-                          [{"softmax.COL_FILL": 1}, {"softmax.COL_FILL": 2}]),
+                          [{"softmax.COL_FILL": 0}, {"softmax.COL_FILL": 2}]),
     "smc_2x2048x5_fp32": (dict(family="softmax_channel", dtype="fp32", layout="NCHW", n=2, c=2048, hw=5),
-                          [{"softmax.COL_FILL": 1}]),
+                          [{"softmax.COL_FILL": 0}]),
     "smc_16x300x9_fp32": (dict(family="softmax_channel", dtype="fp32", layout="NCHW", n=16, c=300, hw=9),
                           [{"softmax.COL_FILL": 2}]),
     "reduce_sum_18x65536_fp32": (dict(family="reduce", dtype="fp32", variant="sum", rows=18, hidden=65536),

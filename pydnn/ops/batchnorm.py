@@ -750,20 +750,45 @@ def _planes_ok(g, vec):
     return True
 
 
-# GEN_THREAD_ROWS (session 33): the fused gen kernels' block is the power of two >= rows / GEN_THREAD_ROWS threads
-# (capped at GEN_THREADS / GEN_THREADS_BWD); each thread keeps kUnroll (4) rows in flight, so 1 (every row its own
-# thread: 512 threads for 338 rows) leaves most of a short block idle through its 9-level double-precision merge,
-# and its registers (bwd) hold fewer blocks per SM. Why the switch: the sweep's worst point, bn_bwd NHWC fp32
-# 2x477x13x13 (338 rows, 477 blocks on gen: GEN_TINY), 0.888x PyTorch (H200, session 32's final sweep; device
-# time 20.6 us in a CUDA graph against 14.1 on the rows path, session 28). Predicted with 4: 128 threads, 7
-# merge levels, one wave, ~1.5x less device time there.
-# GEN_THREAD_ROWS: a switch, pydnn.tuning.batchnorm.GEN_THREAD_ROWS (default 1)
-def _gen_launch(kernel, g):
+# GEN_WAVE (session 33): the fused gen kernels (a block per feature) take the power of two >= rows threads (a row
+# each), or where their blocks need more than one wave (features > SMs x the blocks an SM holds: GEN_REGS, GEN_SMEM)
+# the most threads of the fewest waves, halving down to a round of kUnroll (4) rows a thread. Before, always a row a thread: bn_bwd NHWC fp32 2x477x13x13
+# (338 rows, 477 features) ran 512-thread blocks at 76 registers, one an SM: 4 waves. Measured (mid-session run,
+# H200, tools/bench_memory_points.py, eager ms at 512 / 256 / 128 / 64 threads a block, PyTorch in the same run):
+# bn_bwd NHWC fp32 2x477x13x13 0.0227 (0.90x; 4 waves) / 0.0163 (2) / 0.0118 (1 wave: 1.71x); 4x200x8x8 fp16
+# backward (256 rows, 1 wave throughout) - / 0.0100 / 0.0101 / 0.0135; bn_train NHWC fp32 20x300x4x4 (320 rows) 0.0125
+# (2 waves) / 0.0103 / 0.0108; bf16 51x175x2x2 (204 rows) - / 0.0102 / 0.0104 / 0.0108; 1x1000x7x7 fp32 backward
+# (49 rows) 64 threads 0.0099, 32 0.0102. The rule takes the fastest of each (128, 256, 256, 256, 64). Off: a row a
+# thread (the threads capped at GEN_THREADS / GEN_THREADS_BWD either way).
+# GEN_WAVE: a switch, pydnn.tuning.batchnorm.GEN_WAVE (default True)
+GEN_REGS = {"fwd": 64, "bwd": 80}          # sm_90 ptxas, every type: 58 / 76 registers (allocated in 8s)
+GEN_SMEM = {"fwd": 24592, "bwd": 20496}    # their static shared memory (bytes)
+GEN_SMEM_PER_SM = {"sm_90": 228 << 10, "sm_80": 164 << 10}  # (other archs: 100 KiB)
+
+
+def _gen_blocks_per_sm(arch, threads, direction):
+    smem = GEN_SMEM_PER_SM.get(arch, 100 << 10) // (GEN_SMEM[direction] + 1024)  # (1 KiB reserved a block)
+    return max(1, min(32, 2048 // threads, 65536 // (threads * GEN_REGS[direction]), smem))
+
+
+def _gen_launch(kernel, g, handle=None):
     if kernel == "infer_gen":
         total = g.rows * g.feats
         return _Launch(kernel, None, (max(1, min(cdiv(total, THREADS), 2**31 - 1)), 1, 1), (THREADS, 1, 1), {})
-    cap = GEN_THREADS_BWD if kernel.startswith("bwd") else GEN_THREADS
-    threads = max(32, min(cap, next_pow2(cdiv(g.rows, tuning.batchnorm.GEN_THREAD_ROWS))))
+    bwd = kernel.startswith("bwd")
+    cap = GEN_THREADS_BWD if bwd else GEN_THREADS
+    threads = max(32, min(cap, next_pow2(g.rows)))
+    if handle is not None and tuning.batchnorm.GEN_WAVE:  # the fewest waves, then the most threads
+        d, best = "bwd" if bwd else "fwd", None
+        t = threads
+        while True:
+            waves = cdiv(g.feats, handle.sm_count * _gen_blocks_per_sm(handle.arch, t, d))
+            if best is None or waves < best[0]:
+                best = (waves, t)
+            if waves == 1 or t <= max(32, next_pow2(cdiv(g.rows, 4))):  # (down to kUnroll rows a thread in flight)
+                break
+            t //= 2
+        threads = best[1]
     return _Launch(kernel, None, (max(1, min(g.feats, 2**31 - 1)), 1, 1), (threads, 1, 1), {})
 
 
@@ -1147,7 +1172,7 @@ def _make_plan_seqs(handle, tag, g, direction, ex):
         else:
             pl.seqs["gen"] = [_gen_launch("infer_gen", g)]
         return pl
-    pl.seqs["gen"] = [_gen_launch(f"{direction}_fused_gen", g)]
+    pl.seqs["gen"] = [_gen_launch(f"{direction}_fused_gen", g, handle)]
     res = _nc_res_launch(handle, g, direction, tag)
     if res is not None:
         nc = _nc(g)

@@ -50,7 +50,11 @@ UNROLL = 4           # kUnroll in reduce.cu
 # SEG_ROUNDS (session 33): a row split into segments (few rows: a second pass sums the segments' partials) keeps at
 # least SEG_ROUNDS rounds of UNROLL loads a thread in each segment. 4 (the value before the switch) leaves few rows
 # on a fraction of the GPU: 18 x 65536 fp32 SUM takes 4 segments a row, 72 blocks of 256 threads for 132 SMs (0.90x
-# PyTorch, H200, session 32's sweep); 1 would give 16 segments, 288 blocks, one round each. A switch until measured.
+# PyTorch, H200, session 32's sweep); 1 gives 16 segments, 288 blocks, one round each. Measured (mid-session run,
+# session 33, H200, tools/bench_memory_points.py, eager ms at 4 / 1 / 2, PyTorch in the same run): SUM fp32
+# 18x65536 0.0099 / 0.0097 / 0.0100 (PyTorch 0.0088), MAX bf16 9x65536 0.0096 / 0.0102 / 0.0097 (0.0101), AVG
+# fp32 40x100000 0.0102 / 0.0111 / 0.0097 (0.0121): no setting wins; these ~10 us calls are host-bound (4.7 MB
+# reads in ~1.5 us at copy speed), so 4 stays.
 # SEG_ROUNDS: a switch, pydnn.tuning.reduce.SEG_ROUNDS (default 4)
 WIDE_MIN_GROUP = 32
 FLAG_SMALL_ROWS = 4  # PYDNN_REDUCE_FLAG_SMALL_ROWS

@@ -70,14 +70,16 @@ ROW_VEC_MIN_VECTORS = 8             # shorter rows take the scalar row kernel
 LOOP_GROUP = 512                    # row_loop: threads per row (one row per block)
 # COL_FILL (session 33): a channel softmax whose channels do not fit the col kernel's registers at a full 32-byte
 # sector per channel line took col_loop at that width, one block per (outer, tile): NCHW bf16 40 x 601 x 3 x 3 ran
-# 40 blocks of 16 x 16 threads, each streaming 601 channels twice (9.2 us a call in a CUDA graph, 0.85x PyTorch;
-# H200, session 32's mid-session sweep). With COL_FILL, while the blocks are fewer than the SMs the tile narrows
-# below the sector (down to one position: 9 x 40 = 360 blocks), and where the channels then fit BY x kColItems the
-# col kernel holds them in registers (one read of x instead of two). The narrower lines cost L2 sectors (2 of 32
-# bytes used per load there), which a tensor this small (433 KB) reads from L2. 2: also narrower still, to the
-# width whose channels fit the registers (C <= 1024 at one position), while the blocks stay under 4 waves' worth of
-# SMs. A switch until measured (0: off, 1, 2).
-# COL_FILL: a switch, pydnn.tuning.softmax.COL_FILL (default 0)
+# 40 blocks of 16 x 16 threads, each streaming 601 channels twice (9.2 us a call in a CUDA graph; 0.78-0.85x
+# PyTorch, H200). COL_FILL 1: while the blocks are fewer than the SMs the tile narrows below the sector (down to one
+# position), and where the channels then fit BY x kColItems the col kernel holds them in registers (one read of x
+# instead of two); the narrower lines cost L2 sectors, which tensors this small read from L2. 2: narrower still,
+# to the width whose channels fit the registers, while the blocks stay under 4 waves' worth of SMs. Measured
+# (mid-session run, H200, tools/bench_memory_points.py, eager ms 0 / 1 / 2, PyTorch in the same run): bf16
+# 40x601x3x3 0.0099 / 0.0060 / 0.0058 (0.78x -> 1.28x / 1.31x), fp16 8x1000x7x7 0.0138 / 0.0087 / 0.0101 (3.1x ->
+# 4.9x / 4.3x), fp32 2x2048x5x5 0.0213 / 0.0080 / - (2.4x -> 6.3x), fp32 16x300x9x9 (176 blocks: 1 leaves it)
+# 0.0075 / - / 0.0084: 1 is the default.
+# COL_FILL: a switch, pydnn.tuning.softmax.COL_FILL (default 1)
 COL_ITEMS = 4                       # kColItems: channels per thread
 COL_THREADS = 256                   # kColThreads
 GEN_THREADS = 256                   # kGenThreads

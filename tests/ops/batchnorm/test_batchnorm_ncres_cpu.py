@@ -336,3 +336,22 @@ def test_ncres_stream_passes_cover_each_element_once(n, hw, G):
             j += su * G
         sums += regs
     assert sorted(sums) == list(range(m)) and sorted(outs) == list(range(m))
+
+
+@pytest.mark.parametrize("dims,dtype,direction,want,off", [
+    ((2, 477, 13, 13), F32, "bwd", 128, 512),   # the mid-session run's points (H200: the fastest of those timed)
+    ((4, 200, 8, 8), F16, "bwd", 256, 256),
+    ((20, 300, 4, 4), F32, "fwd", 256, 512),
+    ((51, 175, 2, 2), BF16, "fwd", 256, 256),
+    ((1, 1000, 7, 7), F32, "bwd", 64, 64),
+    ((2, 2048, 7, 7), F32, "bwd", 64, 128),     # shared memory caps 64 and 32 alike (10 an SM): the more threads
+    ((1, 4000, 2, 2), F32, "fwd", 32, 32),
+    ((9, 3, 40, 40), F32, "fwd", 1024, 1024),   # (few features: one wave at the cap)
+])
+def test_gen_wave_threads(dims, dtype, direction, want, off):
+    """GEN_WAVE: the gen kernels' block (on 132 SMs, sm_90): the most threads (a row each at most) of the fewest
+    waves, down to 4 rows a thread; off: a row a thread."""
+    pl = _plan(dims, dtype, direction, fmt=pydnn.PYDNN_TENSOR_NHWC)
+    assert [(lc.kernel, lc.block) for lc in pl.seqs["gen"]] == [(f"{direction}_fused_gen", (want, 1, 1))]
+    with tuning.override({"batchnorm.GEN_WAVE": False}):
+        assert _plan(dims, dtype, direction, fmt=pydnn.PYDNN_TENSOR_NHWC).seqs["gen"][0].block == (off, 1, 1)
