@@ -204,6 +204,15 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                           [{"softmax.COL_FILL": 0}]),
     "smc_16x300x9_fp32": (dict(family="softmax_channel", dtype="fp32", layout="NCHW", n=16, c=300, hw=9),
                           [{"softmax.COL_FILL": 2}]),
+    # session 33, second look at the mid-session sweep's steady deficits (each read below 1.0x three times):
+    # reduce's group for many rows (ROW_ROUNDS_WIDE 8: G 32 at 2824 fp32, 256 at 61373 bf16) and max pooling's
+    # backward on p2t_bwd against p2_bwd
+    "rrw_avg_53513x2824_fp32": (dict(family="reduce", dtype="fp32", variant="avg", rows=53513, hidden=2824),
+                                [{"reduce.ROW_ROUNDS_WIDE": 4}]),
+    "rrw_sum_19501x61373_bf16": (dict(family="reduce", dtype="bf16", variant="sum", rows=19501, hidden=61373),
+                                 [{"reduce.ROW_ROUNDS_WIDE": 16}, {"reduce.ROW_ROUNDS_WIDE": 32}]),
+    "poolb_2x168x55_max_fp16": (dict(family="pool_bwd", dtype="fp16", layout="NCHW", variant="max", n=2, c=168,
+                                     hw=55), [{"pooling.P2T_BWD": False}]),
     "reduce_sum_18x65536_fp32": (dict(family="reduce", dtype="fp32", variant="sum", rows=18, hidden=65536),
                                  [{"reduce.SEG_ROUNDS": 1}, {"reduce.SEG_ROUNDS": 2}]),
     "reduce_max_9x65536_bf16": (dict(family="reduce", dtype="bf16", variant="max", rows=9, hidden=65536),
