@@ -752,9 +752,10 @@ def _planes_ok(g, vec):
 
 # GEN_WAVE (session 33): the fused gen kernels (a block per feature) take the power of two >= rows threads (a row
 # each), or where their blocks need more than one wave (features > SMs x the blocks an SM holds: GEN_REGS, GEN_SMEM)
-# the most threads of the fewest waves, halving down to a round of kUnroll (4) rows a thread. Before, always a row a thread: bn_bwd NHWC fp32 2x477x13x13
-# (338 rows, 477 features) ran 512-thread blocks at 76 registers, one an SM: 4 waves. Measured (mid-session run,
-# H200, tools/bench_memory_points.py, eager ms at 512 / 256 / 128 / 64 threads a block, PyTorch in the same run):
+# the most threads of the fewest waves, halving down to a round of kUnroll (4) rows a thread. Before, always a row
+# a thread: bn_bwd NHWC fp32 2x477x13x13 (338 rows, 477 features) ran 512-thread blocks at 76 registers, one an
+# SM: 4 waves. Measured (mid-session run, H200, tools/bench_memory_points.py, eager ms at 512 / 256 / 128 / 64
+# threads a block, PyTorch in the same run):
 # bn_bwd NHWC fp32 2x477x13x13 0.0227 (0.90x; 4 waves) / 0.0163 (2) / 0.0118 (1 wave: 1.71x); 4x200x8x8 fp16
 # backward (256 rows, 1 wave throughout) - / 0.0100 / 0.0101 / 0.0135; bn_train NHWC fp32 20x300x4x4 (320 rows) 0.0125
 # (2 waves) / 0.0103 / 0.0108; bf16 51x175x2x2 (204 rows) - / 0.0102 / 0.0104 / 0.0108; 1x1000x7x7 fp32 backward
