@@ -28,7 +28,7 @@ CASES = [  # dims, layout: "nchw", "nhwc" or explicit strides (gaps)
     ((4, 37, 1, 1), (41, 1, 1, 1)),       # padded rows: each row starts at a different alignment
     ((2, 12, 4, 8), "nchw"),              # CHANNEL: col with 16-byte vectors
     ((2, 600, 4, 4), "nchw"),             # CHANNEL: col, 16-byte vectors at one position a thread (COL_FILL)
-    ((140, 600, 4, 4), "nchw"),           # CHANNEL: col_loop (channels streamed), 16-byte vectors (140 blocks)
+    ((70, 520, 4, 4), "nchw"),            # CHANNEL: col_loop (channels streamed), 16-byte vectors (140 blocks)
     ((2, 1200, 3, 5), "nchw"),            # CHANNEL: col_loop, scalar (H * W = 15)
     ((2, 5, 3), (1, 2, 10)),              # N innermost
     ((4, 1000, 1, 1), "nchw"),
