@@ -233,9 +233,11 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     "ncrsu_bwd_nchw_1x306x99_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NCHW", n=1, c=306, hw=99),
                                      [{"batchnorm.NC_RES_SU": 4}]),
     "ncrsu_bwd_nchw_4x139x64_fp16": (dict(family="bn_bwd", dtype="fp16", layout="NCHW", n=4, c=139, hw=64),
-                                     [{"batchnorm.NC_RES_SU": 4}]),
+                                     [{"batchnorm.NC_RES_SU": 4}, {"batchnorm.NC_RES_STREAM_WIDE": True}]),
     "ncrsu_train_nchw_4x256x64_bf16": (dict(family="bn_train", dtype="bf16", layout="NCHW", n=4, c=256, hw=64),
-                                       [{"batchnorm.NC_RES_SU": 4}]),
+                                       [{"batchnorm.NC_RES_SU": 4}, {"batchnorm.NC_RES_STREAM_WIDE": True}]),
+    "ncrw_bwd_nchw_1x140x99_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NCHW", n=1, c=140, hw=99),
+                                    [{"batchnorm.NC_RES_STREAM_WIDE": True}]),
     # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and
     # the register-tile cluster kernel
     "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552),

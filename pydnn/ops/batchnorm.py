@@ -866,8 +866,16 @@ NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
 # NC_RES_SU: a switch, pydnn.tuning.batchnorm.NC_RES_SU (default 1)
 NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
 NC_RES_STREAM_PER = 4
-NC_RES_STREAM_REGS = {"fwd": 40, "bwd": 56}  # (sm_90: 40 / 47-49; allocated in 8s)
+# the streaming form's registers by (direction, SU), allocated in 8s (sm_90 ptxas, f32 / f16 / bf16: SU 4 fwd 40 /
+# 40 / 38, bwd 49 / 47 / 49; SU 1 fwd 32 / 32 / 31, bwd 42 / 40 / 44)
+NC_RES_STREAM_REGS = {("fwd", 4): 40, ("bwd", 4): 56, ("fwd", 1): 32, ("bwd", 1): 48}
 NC_RES_STREAM_THREADS = (256, 128, 64)
+# NC_RES_STREAM_WIDE (session 33): the streaming blocks may take 512 threads too (first in NC_RES_STREAM_THREADS's
+# order) where those keep every channel in one wave. Why: bn_bwd NCHW fp16 4x139x64x64 (16384 elements a channel,
+# 139 channels) streams on 256-thread blocks, about one an SM (8 warps, one element a thread a step in flight):
+# 0.0281 ms against PyTorch's 0.0177 (0.63x; bf16 1x306x99x99 0.79x, 306 channels: not affected), H200 mid-session
+# run. Predicted: twice the loads in flight per SM there. A switch until measured.
+# NC_RES_STREAM_WIDE: a switch, pydnn.tuning.batchnorm.NC_RES_STREAM_WIDE (default False)
 
 
 def _res_blocks_per_sm(threads, regs):
@@ -892,11 +900,13 @@ def _nc_res_launch(handle, g, direction, tag):
         return None
     if tuning.batchnorm.NC_RES_WAVE and c > handle.sm_count * _res_blocks_per_sm(threads, NC_RES_REGS[direction, per]):
         sp = NC_RES_STREAM_PER
-        for st in NC_RES_STREAM_THREADS:
+        su_n = 4 if tuning.batchnorm.NC_RES_SU == 4 else 1
+        wide = (512,) if tuning.batchnorm.NC_RES_STREAM_WIDE else ()
+        for st in wide + NC_RES_STREAM_THREADS:
             st = min(st, cdiv(cdiv(m, sp), 32) * 32)
-            if c <= handle.sm_count * _res_blocks_per_sm(st, NC_RES_STREAM_REGS[direction]):
+            if c <= handle.sm_count * _res_blocks_per_sm(st, NC_RES_STREAM_REGS[direction, su_n]):
                 break
-        su = "" if tuning.batchnorm.NC_RES_SU == 4 else ", 1"  # (SU 4: the template's default)
+        su = "" if su_n == 4 else ", 1"  # (SU 4: the template's default)
         return _Launch("nc_res", None, (c, 1, 1), (st, 1, 1), {}, f"{sp}, {b}, true{su}")
     return _Launch("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, f"{per}, {b}")
 

@@ -53,19 +53,20 @@ def _bpsm(threads, regs):
     return max(1, min(2048 // threads, 32, 65536 // (threads * regs)))
 
 
-def _want_launch(m, c, direction, sms=132, wave=True):
+def _want_launch(m, c, direction, sms=132, wave=True, su=1, wide=False):
     """(u, threads): the resident form where its blocks hold every channel in one wave (or NC_RES_WAVE off), else
-    the streaming form (4 a thread, 256 / 128 / 64 threads: the first that keeps one wave, else 64)."""
+    the streaming form (4 a thread, (512 with NC_RES_STREAM_WIDE,) 256 / 128 / 64 threads: the first that keeps one
+    wave, else 64; the registers of SU 1 / SU 4's kernels)."""
     per, t = _want(m)
     b = "true" if direction == "bwd" else "false"
     if not wave or c <= sms * _bpsm(t, REGS[direction, per]):
         return f"{per}, {b}", t
-    sr = {"fwd": 40, "bwd": 56}[direction]
-    for st in (256, 128, 64):
+    sr = {("fwd", 1): 32, ("bwd", 1): 48, ("fwd", 4): 40, ("bwd", 4): 56}[direction, su]
+    for st in ((512,) if wide else ()) + (256, 128, 64):
         st = min(st, -(-(-(-m // 4)) // 32) * 32)
         if c <= sms * _bpsm(st, sr):
             break
-    return f"4, {b}, true, 1", st  # (NC_RES_SU 1, the default: one element a step)
+    return f"4, {b}, true" + (", 1" if su == 1 else ""), st  # (NC_RES_SU 1, the default: one element a step)
 
 
 CASES = [((5, 1481, 23, 23), F32), ((1, 306, 99, 99), BF16), ((4, 256, 64, 64), BF16), ((4, 139, 64, 64), F16), ((2, 3, 77, 77), BF16), ((21, 413, 9, 9), F16),
@@ -94,9 +95,12 @@ def test_ncres_plans_and_pick(dims, dtype, direction, ex):
         assert (lr.u, lr.block[0]) == _want_launch(m, c, direction, wave=False)
     with tuning.override({"batchnorm.NC_RES_SU": 4}):  # (the streaming form loading 4 elements a step)
         l4 = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
-        assert (l4.u, l4.block) == (u[:-len(", 1")] if stream else u, lc.block)
+        assert (l4.u, l4.block[0]) == _want_launch(m, c, direction, su=4)
         assert B._expr(l4.kernel, pl.tag, l4.vec, l4.u) in set(next(u for u in B.kernel_units()
                                                                    if u.name == pl.unit).exprs)
+    with tuning.override({"batchnorm.NC_RES_STREAM_WIDE": True}):  # (512-thread streaming blocks where one wave)
+        lw = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
+        assert (lw.u, lw.block[0]) == _want_launch(m, c, direction, wide=True)
     assert (pl.params.nc_n, pl.params.nc_hw) == (n, int(np.prod(dims[2:])))
     exprs = set(next(u for u in B.kernel_units() if u.name == pl.unit).exprs)
     assert B._expr(lc.kernel, pl.tag, lc.vec, lc.u) in exprs

@@ -218,3 +218,20 @@ def test_ncres_stream_four_a_step(handle, dims, dtype, rng, launched_u, monkeypa
     assert all(len(s) == 1 and s[0][0] == "nc_res" and s[0][1].endswith(", true") for s in launched_u), launched_u
     assert len(launched_u) == 3, launched_u
     G._forget_bn_plans(handle)
+
+
+@_dt(F32, F16, BF16)
+@pytest.mark.parametrize("dims", [(4, 139, 64, 64), (1, 140, 99, 99)])
+def test_ncres_stream_wide(handle, dims, dtype, rng, launched_u, monkeypatch):
+    """NC_RES_STREAM_WIDE: the streaming form on 512-thread blocks where they keep every channel in one wave
+    (139 / 140 channels of 16384 / 9801 elements: the resident blocks need 2 waves on an H100 / H200's 132 SMs):
+    training, backward with saved and recomputed statistics, blending."""
+    monkeypatch.setattr(tuning.batchnorm, "NC_RES_STREAM_WIDE", True)
+    G._forget_bn_plans(handle)
+    t = G._train(handle, SPATIAL, dims, "nchw", dtype, rng)
+    G._backward(handle, t, dtype, SPATIAL, rng, saved=True)
+    G._backward(handle, t, dtype, SPATIAL, rng, saved=False, ad=0.5, bd_=0.25, ap=2.0, bp=-1.0)
+    assert all(len(s) == 1 and s[0][0] == "nc_res" and s[0][1].endswith(", true, 1") for s in launched_u), launched_u
+    if handle.sm_count in (132, 114):  # (H200 / H100 SXM, PCIe: 512 threads hold the channels in one wave)
+        assert all(s[0][2] == 512 for s in launched_u), launched_u
+    G._forget_bn_plans(handle)
