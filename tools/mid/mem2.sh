@@ -12,7 +12,7 @@ el() { echo "[mem] $(( $(date +%s) - t0 )) s: $*"; }
 timeout 45 python3 -m pydnn build --arch sm_90 \
   --only activation,tensor_ops,reduce,softmax,pooling,batchnorm,normalization,dropout > "$OUT/build.txt" 2>&1
 el "built"; tail -2 "$OUT/build.txt"
-timeout 30 python3 tools/bench_memory_points.py --points \
+timeout 35 python3 tools/bench_memory_points.py --points \
 bn_bwd_2x477x13_fp32,gen_train_20x300x4_fp32,gen_bwd_4x200x8_fp16,gen_train_51x175x2_bf16,\
 smc_40x601x3_bf16,smc_8x1000x7_fp16,smc_2x2048x5_fp32,tanh_12701x65536_bf16,ncrsu_bwd_nchw_5x1481x23_fp32,\
 ncrsu_bwd_nchw_4x139x64_fp16,ncrsu_train_nchw_4x256x64_bf16,ncrw_bwd_nchw_1x140x99_bf16,\
