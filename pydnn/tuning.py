@@ -355,7 +355,7 @@ batchnorm = Switches(
                        'one wave); the reasons: pydnn/ops/batchnorm.py'),
     NC_RES_SU=(1, "NC_RES_WAVE's streaming passes: elements a thread loads together per step (1, or 4: the "
                   'batched form, compiled on first use); the reasons: pydnn/ops/batchnorm.py'),
-    NC_RES_STREAM_WIDE=(False, "NC_RES_WAVE's streaming form: 512-thread blocks too where they keep every channel "
+    NC_RES_STREAM_WIDE=(True, "NC_RES_WAVE's streaming form: 512-thread blocks too where they keep every channel "
                                'in one wave (else 256 / 128 / 64); the reasons: pydnn/ops/batchnorm.py'),
     NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
                        'reasons: pydnn/ops/batchnorm.py'),

@@ -227,17 +227,18 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     "actb_sigmoid_1048576x761_bf16": (dict(family="act_bwd", dtype="bf16", variant="sigmoid", rows=1048576,
                                            hidden=761), None),
     # session 32: nc_res's streaming passes, one element a thread a step (NC_RES_SU 1, the default since session 33)
-    # against 4 a step (NC_RES_SU 4, session 32's default; first use), on the points that stream
+    # against 4 a step (NC_RES_SU 4, session 32's default; first use), on the points that stream; session 33: the
+    # 512-thread streaming blocks (NC_RES_STREAM_WIDE, the default) against 256 at most
     "ncrsu_bwd_nchw_5x1481x23_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NCHW", n=5, c=1481, hw=23),
                                       [{"batchnorm.NC_RES_SU": 4}]),
     "ncrsu_bwd_nchw_1x306x99_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NCHW", n=1, c=306, hw=99),
                                      [{"batchnorm.NC_RES_SU": 4}]),
     "ncrsu_bwd_nchw_4x139x64_fp16": (dict(family="bn_bwd", dtype="fp16", layout="NCHW", n=4, c=139, hw=64),
-                                     [{"batchnorm.NC_RES_SU": 4}, {"batchnorm.NC_RES_STREAM_WIDE": True}]),
+                                     [{"batchnorm.NC_RES_SU": 4}, {"batchnorm.NC_RES_STREAM_WIDE": False}]),
     "ncrsu_train_nchw_4x256x64_bf16": (dict(family="bn_train", dtype="bf16", layout="NCHW", n=4, c=256, hw=64),
-                                       [{"batchnorm.NC_RES_SU": 4}, {"batchnorm.NC_RES_STREAM_WIDE": True}]),
+                                       [{"batchnorm.NC_RES_SU": 4}, {"batchnorm.NC_RES_STREAM_WIDE": False}]),
     "ncrw_bwd_nchw_1x140x99_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NCHW", n=1, c=140, hw=99),
-                                    [{"batchnorm.NC_RES_STREAM_WIDE": True}]),
+                                    [{"batchnorm.NC_RES_STREAM_WIDE": False}]),
     # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and
     # the register-tile cluster kernel
     "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552),

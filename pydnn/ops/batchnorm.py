@@ -872,10 +872,13 @@ NC_RES_STREAM_REGS = {("fwd", 4): 40, ("bwd", 4): 56, ("fwd", 1): 32, ("bwd", 1)
 NC_RES_STREAM_THREADS = (256, 128, 64)
 # NC_RES_STREAM_WIDE (session 33): the streaming blocks may take 512 threads too (first in NC_RES_STREAM_THREADS's
 # order) where those keep every channel in one wave. Why: bn_bwd NCHW fp16 4x139x64x64 (16384 elements a channel,
-# 139 channels) streams on 256-thread blocks, about one an SM (8 warps, one element a thread a step in flight):
+# 139 channels) streamed on 256-thread blocks, about one an SM (8 warps, one element a thread a step in flight):
 # 0.0281 ms against PyTorch's 0.0177 (0.63x; bf16 1x306x99x99 0.79x, 306 channels: not affected), H200 mid-session
-# run. Predicted: twice the loads in flight per SM there. A switch until measured.
-# NC_RES_STREAM_WIDE: a switch, pydnn.tuning.batchnorm.NC_RES_STREAM_WIDE (default False)
+# run 1. Measured (run 2, H200, tools/bench_memory_points.py, eager ms 256 / 512 threads, PyTorch in the same run):
+# bwd fp16 4x139x64x64 0.0275 / 0.0201 (0.613x -> 0.843x), training bf16 4x256x64x64 0.0203 / 0.0199 (1.35x ->
+# 1.42x); bwd bf16 1x140x99x99 0.0154 / 0.0207 in a disturbed reading (PyTorch's own time 0.0175 / 0.0354 in the same
+# two settings: host contention on the shared machine), to re-read in the final call's bench line.
+# NC_RES_STREAM_WIDE: a switch, pydnn.tuning.batchnorm.NC_RES_STREAM_WIDE (default True)
 
 
 def _res_blocks_per_sm(threads, regs):

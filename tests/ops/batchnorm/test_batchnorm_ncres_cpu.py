@@ -53,7 +53,7 @@ def _bpsm(threads, regs):
     return max(1, min(2048 // threads, 32, 65536 // (threads * regs)))
 
 
-def _want_launch(m, c, direction, sms=132, wave=True, su=1, wide=False):
+def _want_launch(m, c, direction, sms=132, wave=True, su=1, wide=True):
     """(u, threads): the resident form where its blocks hold every channel in one wave (or NC_RES_WAVE off), else
     the streaming form (4 a thread, (512 with NC_RES_STREAM_WIDE,) 256 / 128 / 64 threads: the first that keeps one
     wave, else 64; the registers of SU 1 / SU 4's kernels)."""
@@ -98,9 +98,9 @@ def test_ncres_plans_and_pick(dims, dtype, direction, ex):
         assert (l4.u, l4.block[0]) == _want_launch(m, c, direction, su=4)
         assert B._expr(l4.kernel, pl.tag, l4.vec, l4.u) in set(next(u for u in B.kernel_units()
                                                                    if u.name == pl.unit).exprs)
-    with tuning.override({"batchnorm.NC_RES_STREAM_WIDE": True}):  # (512-thread streaming blocks where one wave)
+    with tuning.override({"batchnorm.NC_RES_STREAM_WIDE": False}):  # (no 512-thread streaming blocks)
         lw = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
-        assert (lw.u, lw.block[0]) == _want_launch(m, c, direction, wide=True)
+        assert (lw.u, lw.block[0]) == _want_launch(m, c, direction, wide=False)
     assert (pl.params.nc_n, pl.params.nc_hw) == (n, int(np.prod(dims[2:])))
     exprs = set(next(u for u in B.kernel_units() if u.name == pl.unit).exprs)
     assert B._expr(lc.kernel, pl.tag, lc.vec, lc.u) in exprs

@@ -223,9 +223,9 @@ def test_ncres_stream_four_a_step(handle, dims, dtype, rng, launched_u, monkeypa
 @_dt(F32, F16, BF16)
 @pytest.mark.parametrize("dims", [(4, 139, 64, 64), (1, 140, 99, 99)])
 def test_ncres_stream_wide(handle, dims, dtype, rng, launched_u, monkeypatch):
-    """NC_RES_STREAM_WIDE: the streaming form on 512-thread blocks where they keep every channel in one wave
-    (139 / 140 channels of 16384 / 9801 elements: the resident blocks need 2 waves on an H100 / H200's 132 SMs):
-    training, backward with saved and recomputed statistics, blending."""
+    """NC_RES_STREAM_WIDE (the default): the streaming form on 512-thread blocks where they keep every channel in
+    one wave (139 / 140 channels of 16384 / 9801 elements: the resident blocks need 2 waves on an H100 / H200's
+    132 SMs): training, backward with saved and recomputed statistics, blending."""
     monkeypatch.setattr(tuning.batchnorm, "NC_RES_STREAM_WIDE", True)
     G._forget_bn_plans(handle)
     t = G._train(handle, SPATIAL, dims, "nchw", dtype, rng)
