@@ -353,10 +353,15 @@ batchnorm = Switches(
     NC_RES_WAVE=(True, 'NC_RES where its register-resident blocks need more than one wave: the streaming form (4 '
                        'elements a thread in registers, the rest read in each pass, blocks that keep every channel in '
                        'one wave); the reasons: pydnn/ops/batchnorm.py'),
-    NC_RES_SU=(4, "NC_RES_WAVE's streaming passes: elements a thread loads together per step (4, or 1: the form "
-                  'session 31\'s run 2 measured, compiled on first use); the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES_SU=(1, "NC_RES_WAVE's streaming passes: elements a thread loads together per step (1, or 4: the "
+                  'batched form, compiled on first use); the reasons: pydnn/ops/batchnorm.py'),
+    NC_RES_STREAM_WIDE=(True, "NC_RES_WAVE's streaming form: 512-thread blocks too where they keep every channel "
+                               'in one wave (else 256 / 128 / 64); the reasons: pydnn/ops/batchnorm.py'),
     NC_RES_MAX=(16384, 'NC_RES\'s limit on the elements per channel (N * H * W; at most 16384, 16 a thread); the '
                        'reasons: pydnn/ops/batchnorm.py'),
+    GEN_WAVE=(True, 'the fused gen kernels (a block per feature): a row a thread, the threads halved while the blocks '
+                    'take more than one wave (down to 4 rows a thread); off: a row a thread; the reasons: '
+                    'pydnn/ops/batchnorm.py'),
     GEN_TINY_ROWS=(4096, 'GEN_TINY\'s limit on the reduction rows (gen walks them with one block per feature); the '
                          'reasons: pydnn/ops/batchnorm.py'),
 )
@@ -688,6 +693,11 @@ activation = Switches(
     PLAIN_ACCESS=((1, 0), 'Modes whose kernels keep the plain cache policy (map_contig HINT 0): RELU (1), SIGMOID (0) '
                           '(ReLU backward fp32 297888 x 256 0.95x -> 1.00x PyTorch plain, H200); the others stream '
                           '(evict-first); the reasons: pydnn/ops/activation.py'),
+    TANH_FAST=(True, '16-bit TANH forward on tanh_fast (ex2 / rcp approximations, relative error < 1.5e-6: 16.0 '
+                     'instructions an element in the vector kernel) instead of tanhf (19.1; compiled on first use); '
+                     'the reasons: pydnn/ops/activation.py'),
+    TANH_ELEMS=(8, '16-bit TANH forward: elements per thread (8: one 16-byte vector, or 16: two, as the GELU / swish '
+                   'forwards take; compiled on first use); the reasons: pydnn/ops/activation.py'),
 )
 
 softmax = Switches(
@@ -696,6 +706,9 @@ softmax = Switches(
                  'cluster of blocks (row_split_fwd, max and sum through distributed shared memory) instead of one '
                  'block a row; the reasons: pydnn/ops/softmax.py (SPLIT_CL)'),
     SPLIT_MIN_LEN=(8192, 'row_split_fwd: rows of at least this many elements'),
+    COL_FILL=(1, 'channel softmax with fewer (outer x tile) blocks than SMs: tiles narrower than a 32-byte sector '
+                 'until the blocks fill the SMs (1; the col kernel where the channels then fit its registers), or '
+                 'down to the width whose channels fit the registers (2); 0: off; the reasons: pydnn/ops/softmax.py'),
 )
 
 tensor_ops = Switches(
@@ -718,6 +731,8 @@ reduce = Switches(
     ROW_ROUNDS=(2, "rows_vec: a row's group G is the power of two that leaves each thread about ROW_ROUNDS rounds "
                    "of kUnroll vector loads (G = next_pow2(units / (ROW_ROUNDS * kUnroll)), at most a block); 1 "
                    'ran AVG 53513 x 2824 fp32 at 0.300 ms against 0.219 (H200); the reasons: pydnn/ops/reduce.py'),
+    SEG_ROUNDS=(4, 'rows / columns split into segments (a second pass over the partials): at least this many rounds '
+                   'of kUnroll loads a thread in a segment; the reasons: pydnn/ops/reduce.py'),
     ROW_ROUNDS_WIDE=(8, 'rows_vec with many rows: ROW_ROUNDS_WIDE rounds per thread where that leaves groups of >= 32 '
                         'threads and >= a wave of threads over all rows (AVG 53513 x 2824 fp32 0.217 -> 0.159 ms, '
                         'H200); 0: ROW_ROUNDS everywhere; the reasons: pydnn/ops/reduce.py'),

@@ -170,6 +170,55 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
     # "activation.PLAIN_ACCESS=(0, 1, 2)" keeps sigmoid, ReLU and tanh plain; the default since session 32: (1, 0))
     "act_tanh_12701x65536_bf16": (dict(family="act_fwd", dtype="bf16", variant="tanh", rows=12701, hidden=65536),
                                   None),
+    # session 33: the 16-bit TANH forward on tanh_fast (TANH_FAST, the default) against tanhf, at 8 and 16 elements
+    # a thread (TANH_ELEMS): every form is an instantiation of activation.h16 (first use for the non-default ones)
+    "tanh_12701x65536_bf16": (dict(family="act_fwd", dtype="bf16", variant="tanh", rows=12701, hidden=65536),
+                              [{"activation.TANH_FAST": False}, {"activation.TANH_ELEMS": 16},
+                               {"activation.TANH_FAST": False, "activation.TANH_ELEMS": 16}]),
+    "tanh_3000x8192_fp16": (dict(family="act_fwd", dtype="fp16", variant="tanh", rows=3000, hidden=8192),
+                            [{"activation.TANH_FAST": False}, {"activation.TANH_ELEMS": 16}]),
+    "tanh_2048x1000_bf16": (dict(family="act_fwd", dtype="bf16", variant="tanh", rows=2048, hidden=1000),
+                            [{"activation.TANH_FAST": False}, {"activation.TANH_ELEMS": 16}]),
+    # session 33: the final sweep's other worst points (H200, session 32: 0.888-0.90x), defaults only (diagnosis)
+    # gen's threads per block on GEN_TINY's one-launch calls: GEN_WAVE (the default) against a row a thread
+    "bn_bwd_2x477x13_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=2, c=477, hw=13),
+                             [{"batchnorm.GEN_WAVE": False}]),
+    "gen_train_51x175x2_bf16": (dict(family="bn_train", dtype="bf16", layout="NHWC", n=51, c=175, hw=2),
+                                [{"batchnorm.GEN_WAVE": False}]),
+    "gen_bwd_4x200x8_fp16": (dict(family="bn_bwd", dtype="fp16", layout="NHWC", n=4, c=200, hw=8),
+                             [{"batchnorm.GEN_WAVE": False}]),
+    "gen_bwd_1x1000x7_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NHWC", n=1, c=1000, hw=7),
+                              [{"batchnorm.GEN_WAVE": False}]),
+    "gen_train_20x300x4_fp32": (dict(family="bn_train", dtype="fp32", layout="NHWC", n=20, c=300, hw=4),
+                                [{"batchnorm.GEN_WAVE": False}]),
+    "rmsi_1693x6776_bf16": (dict(family="rms_fwd_infer", dtype="bf16", rows=1693, hidden=6776),
+                            [{"norm.ROWS_FIT": False}, {"norm.STREAM": {"gn_reg"}},
+                             {"norm.PF_BYTES": {"fwd_rows": 8 << 20, "gn_reg": 8 << 20}}]),
+    # session 33: channel softmax over few (outer, tile) blocks: COL_FILL 1 (the default: narrower tiles) against
+    # the sector-wide col_loop (0) and 2 (down to the register kernel)
+    "smc_40x601x3_bf16": (dict(family="softmax_channel", dtype="bf16", layout="NCHW", n=40, c=601, hw=3),
+                          [{"softmax.COL_FILL": 0}, {"softmax.COL_FILL": 2}]),
+    "smc_8x1000x7_fp16": (dict(family="softmax_channel", dtype="fp16", layout="NCHW", n=8, c=1000, hw=7),
+                          [{"softmax.COL_FILL": 0}, {"softmax.COL_FILL": 2}]),
+    "smc_2x2048x5_fp32": (dict(family="softmax_channel", dtype="fp32", layout="NCHW", n=2, c=2048, hw=5),
+                          [{"softmax.COL_FILL": 0}]),
+    "smc_16x300x9_fp32": (dict(family="softmax_channel", dtype="fp32", layout="NCHW", n=16, c=300, hw=9),
+                          [{"softmax.COL_FILL": 2}]),
+    # session 33, second look at the mid-session sweep's steady deficits (each read below 1.0x three times):
+    # reduce's group for many rows (ROW_ROUNDS_WIDE 8: G 32 at 2824 fp32, 256 at 61373 bf16) and max pooling's
+    # backward on p2t_bwd against p2_bwd
+    "rrw_avg_53513x2824_fp32": (dict(family="reduce", dtype="fp32", variant="avg", rows=53513, hidden=2824),
+                                [{"reduce.ROW_ROUNDS_WIDE": 4}]),
+    "rrw_sum_19501x61373_bf16": (dict(family="reduce", dtype="bf16", variant="sum", rows=19501, hidden=61373),
+                                 [{"reduce.ROW_ROUNDS_WIDE": 16}, {"reduce.ROW_ROUNDS_WIDE": 32}]),
+    "poolb_2x168x55_max_fp16": (dict(family="pool_bwd", dtype="fp16", layout="NCHW", variant="max", n=2, c=168,
+                                     hw=55), [{"pooling.P2T_BWD": False}]),
+    "reduce_sum_18x65536_fp32": (dict(family="reduce", dtype="fp32", variant="sum", rows=18, hidden=65536),
+                                 [{"reduce.SEG_ROUNDS": 1}, {"reduce.SEG_ROUNDS": 2}]),
+    "reduce_max_9x65536_bf16": (dict(family="reduce", dtype="bf16", variant="max", rows=9, hidden=65536),
+                                [{"reduce.SEG_ROUNDS": 1}, {"reduce.SEG_ROUNDS": 2}]),
+    "reduce_avg_40x100000_fp32": (dict(family="reduce", dtype="fp32", variant="avg", rows=40, hidden=100000),
+                                  [{"reduce.SEG_ROUNDS": 1}, {"reduce.SEG_ROUNDS": 2}]),
     "act_relu_7549x25760_fp32": (dict(family="act_fwd", dtype="fp32", variant="relu", rows=7549, hidden=25760), None),
     "actb_relu_297888x256_fp32": (dict(family="act_bwd", dtype="fp32", variant="relu", rows=297888, hidden=256),
                                   None),
@@ -177,16 +226,19 @@ POINTS = {  # name: (sweep point, {switch: value turning the new path off} or No
                                    None),
     "actb_sigmoid_1048576x761_bf16": (dict(family="act_bwd", dtype="bf16", variant="sigmoid", rows=1048576,
                                            hidden=761), None),
-    # session 32: nc_res's streaming passes, 4 elements a thread a step (NC_RES_SU 4, the default) against one a step
-    # (NC_RES_SU 1, the form session 31's run 2 measured), on the points that stream
+    # session 32: nc_res's streaming passes, one element a thread a step (NC_RES_SU 1, the default since session 33)
+    # against 4 a step (NC_RES_SU 4, session 32's default; first use), on the points that stream; session 33: the
+    # 512-thread streaming blocks (NC_RES_STREAM_WIDE, the default) against 256 at most
     "ncrsu_bwd_nchw_5x1481x23_fp32": (dict(family="bn_bwd", dtype="fp32", layout="NCHW", n=5, c=1481, hw=23),
-                                      [{"batchnorm.NC_RES_SU": 1}]),
+                                      [{"batchnorm.NC_RES_SU": 4}]),
     "ncrsu_bwd_nchw_1x306x99_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NCHW", n=1, c=306, hw=99),
-                                     [{"batchnorm.NC_RES_SU": 1}]),
+                                     [{"batchnorm.NC_RES_SU": 4}]),
     "ncrsu_bwd_nchw_4x139x64_fp16": (dict(family="bn_bwd", dtype="fp16", layout="NCHW", n=4, c=139, hw=64),
-                                     [{"batchnorm.NC_RES_SU": 1}]),
+                                     [{"batchnorm.NC_RES_SU": 4}, {"batchnorm.NC_RES_STREAM_WIDE": False}]),
     "ncrsu_train_nchw_4x256x64_bf16": (dict(family="bn_train", dtype="bf16", layout="NCHW", n=4, c=256, hw=64),
-                                       [{"batchnorm.NC_RES_SU": 1}]),
+                                       [{"batchnorm.NC_RES_SU": 4}, {"batchnorm.NC_RES_STREAM_WIDE": False}]),
+    "ncrw_bwd_nchw_1x140x99_bf16": (dict(family="bn_bwd", dtype="bf16", layout="NCHW", n=1, c=140, hw=99),
+                                    [{"batchnorm.NC_RES_STREAM_WIDE": False}]),
     # layer norm backward, long fp32 rows: the staged cluster kernel against the split kernels (BWD_SPLIT) and
     # the register-tile cluster kernel
     "ln_bwd_3673x8552_fp32": (dict(family="ln_bwd", dtype="fp32", rows=3673, hidden=8552),

@@ -219,6 +219,8 @@ class Ctx:
     graph_timer = None
     graph_empty_ms = None  # None: no CUDA-graph timing (unavailable, or a capture failed earlier)
     torch_stats = False    # --torch-stats: norm backward points take their saved statistics from PyTorch
+    paired = 0             # --paired N: both sides timed in N alternating rounds (bench.time_pair), not one block each
+    warm_ms = 0.0          # --warm-ms T: both sides called alternately for >= T ms of device time before the timing
 
 
 def _tdt(dt):
@@ -551,8 +553,14 @@ def run_point(c, p, rows, checked):
             row["check_err"] = err
             if not ok:
                 row["note"] = f"CHECK FAILED: max rel err {err:.3g}"
-        row["ms_pydnn"] = c.timer(case["p"])
-        row["ms_ref"] = c.timer(case["t"])
+        if c.warm_ms:
+            warm(case["p"], case["t"], c.warm_ms)
+        if c.paired:  # (alternating rounds: a drift of the clocks over the point falls on both sides alike)
+            from bench import time_pair
+            row["ms_pydnn"], row["ms_ref"] = time_pair(case["p"], case["t"], rounds=c.paired, reps=c.reps)
+        else:
+            row["ms_pydnn"] = c.timer(case["p"])
+            row["ms_ref"] = c.timer(case["t"])
         row["ratio"] = row["ms_ref"] / row["ms_pydnn"]
         row["moved_bytes"] = case["nbytes"]
         row["gbs_pydnn"] = case["nbytes"] / row["ms_pydnn"] / 1e6
@@ -582,6 +590,26 @@ def run_point(c, p, rows, checked):
     del case
     if nb >= BIG:
         torch.cuda.empty_cache()
+
+
+def warm(fa, fb, ms, most=200):
+    """Call fa and fb alternately until at least `ms` milliseconds of device time have passed (at most `most` pairs):
+    the GPU's clocks up before the first side is timed. Why: act_bwd relu fp32 297888x256 read pydnn 0.236 ms in
+    three sweeps' (one-block, pydnn-first) timing, right after its point's setup, and 0.211-0.212 in every other
+    timing of the point in the same runs (paired, or after a spot-check call), PyTorch 0.212 throughout (H200,
+    session 33); a 1.26 ms point timed the same way (15 ms of samples) did not move."""
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for i in range(most):
+        fa()
+        fb()
+        b.record()
+        b.synchronize()
+        if a.elapsed_time(b) >= ms:
+            return i + 1
+    return most
 
 
 def empty_kernel(h):
@@ -680,7 +708,13 @@ def main(argv=None):
                          "[layout] shape [variant] dtype' (e.g. 'gn_fwd_infer NCHW 3x103x99x99 fp32;rms_bwd 1x56616 "
                          "fp32')")), ("--torch-stats", dict(
         action="store_true", help="layer / RMS / group / instance backward points take the saved mean / "
-                                  "inverse std from PyTorch instead of pydnn's forward (no forward kernel compiled)"))])
+                                  "inverse std from PyTorch instead of pydnn's forward (no forward kernel compiled)")),
+        ("--warm-ms", dict(type=float, default=0.0, metavar="T",
+                           help="before each point's timing, call both sides alternately for >= T ms of device time "
+                                "(the clocks up before the first side is timed; 0: off)")),
+        ("--paired", dict(type=int, default=0, metavar="N",
+                          help="time pydnn and PyTorch in N alternating rounds each (tools/bench.py's time_pair) "
+                               "instead of one block of --reps samples each, pydnn first"))])
     if args.render:
         return SC.render(args, "sweep_memory", lambda rows, meta: report(
             rows, meta, meta.get("budget_note", "rendered from " + args.render), meta.get("elapsed_s", float("nan"))),
@@ -695,6 +729,7 @@ def main(argv=None):
     c.h, c.copy_gbs = b.h, b.copy_gbs
     c.torch_stats = args.torch_stats
     reps = args.reps or (10 if args.quick else 12)
+    c.paired, c.reps, c.warm_ms = args.paired, reps, args.warm_ms
     c.timer = SC.gpu_timer(reps, 2)
     c.graph_timer = lambda fn: SC.graph_ms(c.h, fn)
     empty = None
@@ -717,7 +752,9 @@ def main(argv=None):
     if args.points:
         pts = [parse_point(q) for q in args.points.split(";") if q.strip()]
         meta["points"] = args.points
-    meta.update(SC.device_meta(), budget_s=args.budget_s, reps=reps, copy_gbs=c.copy_gbs, empty_ms=c.empty_ms,
+    meta.update(SC.device_meta(), budget_s=args.budget_s, reps=reps, paired=args.paired, warm_ms=args.warm_ms,
+                copy_gbs=c.copy_gbs,
+                empty_ms=c.empty_ms,
                 graph_empty_ms=c.graph_empty_ms)
     rows, checked = [], {}
     for p in pts:

@@ -58,26 +58,51 @@ def _hint(mode):
     return 0 if mode in tuning.activation.PLAIN_ACCESS else None
 
 
+# 16-bit TANH forward (session 33): Tanh<true> evaluates tanh_fast (ptx/activation.cu: ex2 / rcp approximations,
+# relative error < 1.5e-6) and Tanh<false> tanhf. Why: bf16 tanh 12701 x 65536 ran at 0.896-0.94x PyTorch (94% of
+# copy, H200, session 32's sweeps; the plain cache policy did not move it: 0.8545 / 0.8566 ms), where the vector
+# kernel issues 19.1 SASS instructions an element (load to store, the folded 16-bit conversions included): 16.0
+# with tanh_fast. Predicted at copy speed with those fewer, or with two vectors a thread in flight (TANH_ELEMS 16,
+# as GELU's forwards). Measured (mid-session run, H200, tools/bench_memory_points.py, eager ms, PyTorch in the same
+# run): bf16 12701 x 65536 tanh_fast 0.8217 (0.985x, 4052 GB/s), tanhf 0.9091 (0.891x), tanh_fast at 16 a thread
+# 0.8953, tanhf at 16 0.8876; fp16 3000 x 8192 0.0290 / 0.0296 / 0.0295 (1.015x / 0.997x / 0.912x): tanh_fast at 8
+# elements a thread. Both switches' other values compile on first use (pydnn/_build/rare.py).
+# TANH_FAST: a switch, pydnn.tuning.activation.TANH_FAST (default True)
+# TANH_ELEMS: a switch, pydnn.tuning.activation.TANH_ELEMS (default 8)
+
+
 def _elems(mode, backward, tag):
     """map_contig's elements per thread (None: the planner's default)."""
-    return 16 if (not backward and tag in ("f16", "bf16") and mode in WIDE_16BIT) else None
+    if backward or tag not in ("f16", "bf16"):
+        return None
+    if mode == E.PYDNN_ACTIVATION_TANH:
+        return 16 if tuning.activation.TANH_ELEMS == 16 else None
+    return 16 if mode in WIDE_16BIT else None
 
 
 def _op(mode, backward, tag):
     """The functor for a mode and direction; 16-bit types take the <true> (fast-math) instantiation,
-    whose few-ulp float32 error is far below their own rounding (see ptx/activation.cu)."""
-    return f"{OPS[mode][backward]}<{'true' if tag in ('f16', 'bf16') else 'false'}>"
+    whose float32 error is far below their own rounding (see ptx/activation.cu); the 16-bit TANH forward
+    takes <false> (tanhf) with tuning.activation.TANH_FAST off."""
+    fast = tag in ("f16", "bf16") and (backward or mode != E.PYDNN_ACTIVATION_TANH or tuning.activation.TANH_FAST)
+    return f"{OPS[mode][backward]}<{'true' if fast else 'false'}>"
 
 
 def kernel_units():
-    """activation.<t> for f32, h16 (half and bfloat16 in one: pydnn::h16_t, the format a launch flag) and f64."""
+    """activation.<t> for f32, h16 (half and bfloat16 in one: pydnn::h16_t, the format a launch flag) and f64.
+    h16 also holds the 16-bit TANH forward's other forms (TANH_FAST off, TANH_ELEMS 16: first use, rare.py)."""
     units = []
     for t in ew.unit_tags(FLOAT_TAGS):  # (f16's unit, activation.h16, serves bf16 too: _elementwise.ktag)
         exprs = []
+        h16 = t in ("f16", "bf16")
         for mode in OPS:
-            exprs += ew.map_exprs(_op(mode, 0, t), t, hint=_hint(mode), elems=_elems(mode, 0, t))
+            if h16 and mode == E.PYDNN_ACTIVATION_TANH:  # (every form, in an order the switches do not change)
+                exprs += [e for fast in ("true", "false") for el in (None, 16) for e in
+                          ew.map_exprs(f"{OPS[mode][0]}<{fast}>", t, hint=_hint(mode), elems=el)]
+            else:
+                exprs += ew.map_exprs(_op(mode, 0, t), t, hint=_hint(mode), elems=_elems(mode, 0, t))
             exprs += ew.map_exprs(_op(mode, 1, t), t, hint=_hint(mode), elems=_elems(mode, 1, t))
-        units.append(KernelUnit(f"activation.{ew.ktag(t)}", "activation.cu", tuple(exprs)))
+        units.append(KernelUnit(f"activation.{ew.ktag(t)}", "activation.cu", tuple(dict.fromkeys(exprs))))
     return units
 
 

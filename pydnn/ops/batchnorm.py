@@ -753,12 +753,46 @@ def _planes_ok(g, vec):
     return True
 
 
-def _gen_launch(kernel, g):
+# GEN_WAVE (session 33): the fused gen kernels (a block per feature) take the power of two >= rows threads (a row
+# each), or where their blocks need more than one wave (features > SMs x the blocks an SM holds: GEN_REGS, GEN_SMEM)
+# the most threads of the fewest waves, halving down to a round of kUnroll (4) rows a thread. Before, always a row
+# a thread: bn_bwd NHWC fp32 2x477x13x13 (338 rows, 477 features) ran 512-thread blocks at 76 registers, one an
+# SM: 4 waves. Measured (mid-session run, H200, tools/bench_memory_points.py, eager ms at 512 / 256 / 128 / 64
+# threads a block, PyTorch in the same run):
+# bn_bwd NHWC fp32 2x477x13x13 0.0227 (0.90x; 4 waves) / 0.0163 (2) / 0.0118 (1 wave: 1.71x); 4x200x8x8 fp16
+# backward (256 rows, 1 wave throughout) - / 0.0100 / 0.0101 / 0.0135; bn_train NHWC fp32 20x300x4x4 (320 rows) 0.0125
+# (2 waves) / 0.0103 / 0.0108; bf16 51x175x2x2 (204 rows) - / 0.0102 / 0.0104 / 0.0108; 1x1000x7x7 fp32 backward
+# (49 rows) 64 threads 0.0099, 32 0.0102. The rule takes the fastest of each (128, 256, 256, 256, 64). Off: a row a
+# thread (the threads capped at GEN_THREADS / GEN_THREADS_BWD either way).
+# GEN_WAVE: a switch, pydnn.tuning.batchnorm.GEN_WAVE (default True)
+GEN_REGS = {"fwd": 64, "bwd": 80}          # sm_90 ptxas, every type: 58 / 76 registers (allocated in 8s)
+GEN_SMEM = {"fwd": 24592, "bwd": 20496}    # their static shared memory (bytes)
+GEN_SMEM_PER_SM = {"sm_90": 228 << 10, "sm_80": 164 << 10}  # (other archs: 100 KiB)
+
+
+def _gen_blocks_per_sm(arch, threads, direction):
+    smem = GEN_SMEM_PER_SM.get(arch, 100 << 10) // (GEN_SMEM[direction] + 1024)  # (1 KiB reserved a block)
+    return max(1, min(32, 2048 // threads, 65536 // (threads * GEN_REGS[direction]), smem))
+
+
+def _gen_launch(kernel, g, handle=None):
     if kernel == "infer_gen":
         total = g.rows * g.feats
         return _Launch(kernel, None, (max(1, min(cdiv(total, THREADS), 2**31 - 1)), 1, 1), (THREADS, 1, 1), {})
-    cap = GEN_THREADS_BWD if kernel.startswith("bwd") else GEN_THREADS
+    bwd = kernel.startswith("bwd")
+    cap = GEN_THREADS_BWD if bwd else GEN_THREADS
     threads = max(32, min(cap, next_pow2(g.rows)))
+    if handle is not None and tuning.batchnorm.GEN_WAVE:  # the fewest waves, then the most threads
+        d, best = "bwd" if bwd else "fwd", None
+        t = threads
+        while True:
+            waves = cdiv(g.feats, handle.sm_count * _gen_blocks_per_sm(handle.arch, t, d))
+            if best is None or waves < best[0]:
+                best = (waves, t)
+            if waves == 1 or t <= max(32, next_pow2(cdiv(g.rows, 4))):  # (down to kUnroll rows a thread in flight)
+                break
+            t //= 2
+        threads = best[1]
     return _Launch(kernel, None, (max(1, min(g.feats, 2**31 - 1)), 1, 1), (threads, 1, 1), {})
 
 
@@ -830,13 +864,24 @@ NC_RES_CAP = {4: 128, 8: 512, 16: 1024}  # threads per block at most, by PER
 # bench's fp16 4x139x64x64 at 0.0333 against 0.0284 (the resident form, untouched, read 0.0264 / 0.0262): a
 # regression by that cross-run reading. The same-run A/B (session 32's final call, H200, tools/bench_memory_points.py
 # ncrsu_* points, eager ms SU 4 / SU 1, PyTorch beside): fp32 5x1481x23x23 0.0329 / 0.0283 (0.902x -> 1.026x), fp16
-# 4x139x64x64 0.0334 / 0.0278 (0.529x -> 0.653x): SU 1 is faster on both. Still 4: SU 1 is a first-use
-# instantiation, and making it the installed one costs build time the 2-core install (299 s of 300) lacks.
-# NC_RES_SU: a switch, pydnn.tuning.batchnorm.NC_RES_SU (default 4)
+# 4x139x64x64 0.0334 / 0.0278 (0.529x -> 0.653x): SU 1 is faster on both, so 1 is the default (session 33) and
+# the installed form; SU 4 compiles on first use (rare.py), the same number of instantiations.
+# NC_RES_SU: a switch, pydnn.tuning.batchnorm.NC_RES_SU (default 1)
 NC_RES_REGS = {("fwd", 4): 32, ("fwd", 8): 32, ("fwd", 16): 64, ("bwd", 4): 32, ("bwd", 8): 56, ("bwd", 16): 64}
 NC_RES_STREAM_PER = 4
-NC_RES_STREAM_REGS = {"fwd": 40, "bwd": 56}  # (sm_90: 40 / 47-49; allocated in 8s)
+# the streaming form's registers by (direction, SU), allocated in 8s (sm_90 ptxas, f32 / f16 / bf16: SU 4 fwd 40 /
+# 40 / 38, bwd 49 / 47 / 49; SU 1 fwd 32 / 32 / 31, bwd 42 / 40 / 44)
+NC_RES_STREAM_REGS = {("fwd", 4): 40, ("bwd", 4): 56, ("fwd", 1): 32, ("bwd", 1): 48}
 NC_RES_STREAM_THREADS = (256, 128, 64)
+# NC_RES_STREAM_WIDE (session 33): the streaming blocks may take 512 threads too (first in NC_RES_STREAM_THREADS's
+# order) where those keep every channel in one wave. Why: bn_bwd NCHW fp16 4x139x64x64 (16384 elements a channel,
+# 139 channels) streamed on 256-thread blocks, about one an SM (8 warps, one element a thread a step in flight):
+# 0.0281 ms against PyTorch's 0.0177 (0.63x; bf16 1x306x99x99 0.79x, 306 channels: not affected), H200 mid-session
+# run 1. Measured (run 2, H200, tools/bench_memory_points.py, eager ms 256 / 512 threads, PyTorch in the same run):
+# bwd fp16 4x139x64x64 0.0275 / 0.0201 (0.613x -> 0.843x), training bf16 4x256x64x64 0.0203 / 0.0199 (1.35x ->
+# 1.42x); bwd bf16 1x140x99x99 0.0154 / 0.0207 in a disturbed reading (PyTorch's own time 0.0175 / 0.0354 in the same
+# two settings: host contention on the shared machine), to re-read in the final call's bench line.
+# NC_RES_STREAM_WIDE: a switch, pydnn.tuning.batchnorm.NC_RES_STREAM_WIDE (default True)
 
 
 def _res_blocks_per_sm(threads, regs):
@@ -861,11 +906,13 @@ def _nc_res_launch(handle, g, direction, tag):
         return None
     if tuning.batchnorm.NC_RES_WAVE and c > handle.sm_count * _res_blocks_per_sm(threads, NC_RES_REGS[direction, per]):
         sp = NC_RES_STREAM_PER
-        for st in NC_RES_STREAM_THREADS:
+        su_n = 4 if tuning.batchnorm.NC_RES_SU == 4 else 1
+        wide = (512,) if tuning.batchnorm.NC_RES_STREAM_WIDE else ()
+        for st in wide + NC_RES_STREAM_THREADS:
             st = min(st, cdiv(cdiv(m, sp), 32) * 32)
-            if c <= handle.sm_count * _res_blocks_per_sm(st, NC_RES_STREAM_REGS[direction]):
+            if c <= handle.sm_count * _res_blocks_per_sm(st, NC_RES_STREAM_REGS[direction, su_n]):
                 break
-        su = ", 1" if tuning.batchnorm.NC_RES_SU == 1 else ""  # (SU 4: the template's default)
+        su = "" if su_n == 4 else ", 1"  # (SU 4: the template's default)
         return _Launch("nc_res", None, (c, 1, 1), (st, 1, 1), {}, f"{sp}, {b}, true{su}")
     return _Launch("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, f"{per}, {b}")
 
@@ -1142,7 +1189,7 @@ def _make_plan_seqs(handle, tag, g, direction, ex):
         else:
             pl.seqs["gen"] = [_gen_launch("infer_gen", g)]
         return pl
-    pl.seqs["gen"] = [_gen_launch(f"{direction}_fused_gen", g)]
+    pl.seqs["gen"] = [_gen_launch(f"{direction}_fused_gen", g, handle)]
     res = _nc_res_launch(handle, g, direction, tag)
     if res is not None:
         nc = _nc(g)

@@ -49,6 +49,15 @@ UNROLL = 4           # kUnroll in reduce.cu
 # 1.23x PyTorch); 2563 x 128 and 1048576 x 120 (rule not applied) unchanged. Few rows keep ROW_ROUNDS: their
 # time is the rounds' latency, not bandwidth (2563 x 128 fp32 would go from G = 4 to 1).
 # ROW_ROUNDS_WIDE: a switch, pydnn.tuning.reduce.ROW_ROUNDS_WIDE (default 8; 0: off)
+# SEG_ROUNDS (session 33): a row split into segments (few rows: a second pass sums the segments' partials) keeps at
+# least SEG_ROUNDS rounds of UNROLL loads a thread in each segment. 4 (the value before the switch) leaves few rows
+# on a fraction of the GPU: 18 x 65536 fp32 SUM takes 4 segments a row, 72 blocks of 256 threads for 132 SMs (0.90x
+# PyTorch, H200, session 32's sweep); 1 gives 16 segments, 288 blocks, one round each. Measured (mid-session run,
+# session 33, H200, tools/bench_memory_points.py, eager ms at 4 / 1 / 2, PyTorch in the same run): SUM fp32
+# 18x65536 0.0099 / 0.0097 / 0.0100 (PyTorch 0.0088), MAX bf16 9x65536 0.0096 / 0.0102 / 0.0097 (0.0101), AVG
+# fp32 40x100000 0.0102 / 0.0111 / 0.0097 (0.0121): no setting wins; these ~10 us calls are host-bound (4.7 MB
+# reads in ~1.5 us at copy speed), so 4 stays.
+# SEG_ROUNDS: a switch, pydnn.tuning.reduce.SEG_ROUNDS (default 4)
 WIDE_MIN_GROUP = 32
 FLAG_SMALL_ROWS = 4  # PYDNN_REDUCE_FLAG_SMALL_ROWS
 FLAG_IN_BF16 = 8     # PYDNN_REDUCE_FLAG_IN_BF16: half and bfloat16 inputs share the pydnn::h16_t kernels (reduce.h16),
@@ -318,7 +327,7 @@ def _configs(handle, d, a_desc, c_desc):
         lc = _Launch()
         lc.kind, lc.vec = kind, v
         p = lc.params = _base_params(d, rows, length, tc, ksz, (kcs, kst, kis))
-        segments = _segments(rows * G, units, G * UNROLL * 4, target)
+        segments = _segments(rows * G, units, G * UNROLL * tuning.reduce.SEG_ROUNDS, target)
         p.group, p.units = G, units
         p.chunk = -(-units // segments) if units else 0
         segments = -(-units // p.chunk) if units else 1
@@ -369,7 +378,7 @@ def _configs(handle, d, a_desc, c_desc):
         tiles = 1 if P > 1 else -(-kv // bx)
         blocks = (rows // K) * tiles
         S = P * by
-        segments = _segments(blocks * bx * by, R, S * UNROLL * 4, target)
+        segments = _segments(blocks * bx * by, R, S * UNROLL * tuning.reduce.SEG_ROUNDS, target)
         p.pack, p.tiles, p.units = P, tiles, R
         p.chunk = -(-R // segments)
         segments = -(-R // p.chunk)

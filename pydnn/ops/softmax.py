@@ -71,6 +71,18 @@ ROW_MAX_GROUP = 1024                # threads per row at most (a block)
 ROW_MIN_BLOCK = 128                 # row kernels: threads per block at least (rows share a block)
 ROW_VEC_MIN_VECTORS = 8             # shorter rows take the scalar row kernel
 LOOP_GROUP = 512                    # row_loop: threads per row (one row per block)
+# COL_FILL (session 33): a channel softmax whose channels do not fit the col kernel's registers at a full 32-byte
+# sector per channel line took col_loop at that width, one block per (outer, tile): NCHW bf16 40 x 601 x 3 x 3 ran
+# 40 blocks of 16 x 16 threads, each streaming 601 channels twice (9.2 us a call in a CUDA graph; 0.78-0.85x
+# PyTorch, H200). COL_FILL 1: while the blocks are fewer than the SMs the tile narrows below the sector (down to one
+# position), and where the channels then fit BY x kColItems the col kernel holds them in registers (one read of x
+# instead of two); the narrower lines cost L2 sectors, which tensors this small read from L2. 2: narrower still,
+# to the width whose channels fit the registers, while the blocks stay under 4 waves' worth of SMs. Measured
+# (mid-session run, H200, tools/bench_memory_points.py, eager ms 0 / 1 / 2, PyTorch in the same run): bf16
+# 40x601x3x3 0.0099 / 0.0060 / 0.0058 (0.78x -> 1.28x / 1.31x), fp16 8x1000x7x7 0.0138 / 0.0087 / 0.0101 (3.1x ->
+# 4.9x / 4.3x), fp32 2x2048x5x5 0.0213 / 0.0080 / - (2.4x -> 6.3x), fp32 16x300x9x9 (176 blocks: 1 leaves it)
+# 0.0075 / - / 0.0084: 1 is the default.
+# COL_FILL: a switch, pydnn.tuning.softmax.COL_FILL (default 1)
 COL_ITEMS = 4                       # kColItems: channels per thread
 COL_THREADS = 256                   # kColThreads
 GEN_THREADS = 256                   # kGenThreads
@@ -333,6 +345,12 @@ def _configs(handle, backward, kind, mode, descs):
         need_by = next_pow2(cdiv(C, COL_ITEMS))
         bx_full = next_pow2(sv)
         bx_min = min(bx_full, max(1, 32 // (v * size)))  # a 32-byte sector per channel line
+        outer = rows // S
+        if tuning.softmax.COL_FILL and need_by * bx_min > COL_THREADS:  # (see COL_FILL above)
+            while bx_min > 1 and outer * cdiv(sv, bx_min) < handle.sm_count:
+                bx_min //= 2
+            if tuning.softmax.COL_FILL == 2 and outer * cdiv(sv, bx_min) < 4 * handle.sm_count:
+                bx_min = max(1, min(bx_min, COL_THREADS // need_by))  # (the registers' width where C allows)
         if need_by * bx_min <= COL_THREADS:  # channels in registers
             bx = min(bx_full, COL_THREADS // need_by)
             kernel, expr = f"col_{d}", _expr(f"col_{d}", tag, v, kind=kind)
@@ -341,7 +359,6 @@ def _configs(handle, backward, kind, mode, descs):
             kernel, expr = f"col_loop_{d}", _expr(f"col_loop_{d}", tag, v)
         by = COL_THREADS // bx
         tiles = cdiv(sv, bx)
-        outer = rows // S
         p = _params(kind, outer, C, rsz[:-1], [s[:-1] for s in rst], esz, est, nops)
         p.cols, p.tiles = S, tiles
         return launch(kernel, v, p, outer * tiles, (bx, by, 1), expr)

@@ -543,3 +543,36 @@ def test_dry_main_stops_on_a_lost_context(dry_main, tmp_path, monkeypatch):
     md = open(tmp_path / "sweep_memory.md").read()
     assert "CUDA CONTEXT LOST" in md and "op_add" in json.load(open(tmp_path / "sweep_memory.json"))["meta"]["context_lost"]
     assert SC.sticky([dict(status=SC.ERROR, group="g", case="c", note="ValueError: x")]) is None
+
+
+def test_memory_warm_alternates_until_the_time(monkeypatch):
+    """sweep_memory.warm (--warm-ms): both sides called alternately, pydnn's first, until the events say >= ms of
+    device time (a fake clock of 0.3 ms a call here), at most `most` pairs."""
+    torch = pytest.importorskip("torch")
+    clock, calls = [0.0], []
+
+    class Ev:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Ev)
+
+    def side(name):
+        def f():
+            calls.append(name)
+            clock[0] += 0.3
+        return f
+
+    assert SM.warm(side("p"), side("t"), 2.0) == 4  # 4 pairs: 2.4 ms >= 2.0
+    assert calls == ["p", "t"] * 4
+    calls.clear()
+    assert SM.warm(side("p"), side("t"), 1e9, most=3) == 3 and len(calls) == 6

@@ -175,3 +175,44 @@ def test_gelu_erf_tails(handle, dtype):
     pydnn.activation_backward(handle, a, 1.0, y.desc, y.ptr, dy.desc, dy.ptr, x.desc, x.ptr, 0.0, dx.desc, dx.ptr)
     assert_close(dx.download(), ref.backward(mode, 1.0, yv, dyv, xv, 0.0, None), dtype, "gelu_erf backward",
                  scale=ref.act_grad_terms(mode, xv, yv))
+
+
+@pytest.mark.parametrize("dtype", [pydnn.PYDNN_DATA_HALF, pydnn.PYDNN_DATA_BFLOAT16])
+@pytest.mark.parametrize("fast,elems", [(True, 8), (False, 8), (True, 16), (False, 16)])
+def test_tanh_16bit_forms(handle, dtype, fast, elems, monkeypatch):
+    """The 16-bit TANH forward in each form (tuning.activation.TANH_FAST: tanh_fast or tanhf; TANH_ELEMS 8 or 16
+    a thread) densely over [-12, 12], around tanh_fast's switch between its two formulas at |x| = 1/8, and on
+    small values (its polynomial): every output within one unit in the last place of tanh rounded to the type
+    (tanh_fast's float error, < 1.5e-6 relative, is far below a 16-bit half ulp), and the form the switches
+    name is the one launched."""
+    from pydnn import tuning
+    from pydnn.ops import _elementwise as ew
+    from pydnn.reference.dtypes import to_storage
+
+    monkeypatch.setattr(tuning.activation, "TANH_FAST", fast)
+    monkeypatch.setattr(tuning.activation, "TANH_ELEMS", elems)
+    ops, prepare = [], ew.prepare_map
+
+    def spy(h, unit, op, *args, **kw):
+        ops.append((op, kw.get("elems")))
+        return prepare(h, unit, op, *args, **kw)
+
+    monkeypatch.setattr(ew, "prepare_map", spy)
+    edge, small = np.linspace(0.12, 0.13, 2001), np.logspace(-8, 0, 4001)
+    v = np.concatenate([np.linspace(-12.0, 12.0, 24001), edge, -edge, small, -small]).astype(np.float32)
+    dims = (1, 1, 1, v.size)
+    x, y = DevTensor(dims, dtype), DevTensor(dims, dtype)
+    xv = x.upload(v.reshape(dims).astype(np.float64))
+    a = _desc(pydnn.PYDNN_ACTIVATION_TANH)
+    pydnn.activation_forward(handle, a, 1.0, x.desc, x.ptr, 0.0, y.desc, y.ptr)
+    out = y.download()
+    assert ops == [(f"pydnn::act::Tanh<{'true' if fast else 'false'}>", 16 if elems == 16 else None)], ops
+    want = np.tanh(xv)
+    assert_close(out, want, dtype, "tanh")
+
+    def bits(vals):
+        return np.asarray(to_storage(vals, dtype)).view(np.uint16).astype(np.int64)
+
+    off = np.abs(bits(out) - bits(want))
+    assert off.max() <= 1, (int(off.max()), xv.ravel()[np.argmax(off.ravel())])
+    y.check_untouched()

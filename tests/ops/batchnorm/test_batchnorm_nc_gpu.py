@@ -256,11 +256,17 @@ def test_nc_reproducible(handle, rng):
 
 
 @pytest.mark.parametrize("dims,layout", [((7, 35, 5, 5), "nhwc"), ((18, 5, 9, 9), "nhwc"), ((2, 127, 11, 11), "nchw"),
-                                         ((36, 33, 2, 2), "nhwc")])
+                                         ((36, 33, 2, 2), "nhwc"), ((3, 50, 7, 7), "nhwc")])
 @_dt(F32, BF16)
-def test_gen_tiny(handle, dims, layout, dtype, rng, launched, monkeypatch):
-    """GEN_TINY: tiny training / backward calls (Ex too) take the single gen launch."""
+@pytest.mark.parametrize("wave,sms", [(False, None), (True, None), (True, 2)])
+def test_gen_tiny(handle, dims, layout, dtype, wave, sms, rng, launched, monkeypatch):
+    """GEN_TINY: tiny training / backward calls (Ex too) take the single gen launch; GEN_WAVE's blocks (on 2 SMs,
+    the handle's count lowered: fewer threads than rows, up to kUnroll rows a thread in flight)."""
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 32768)
+    monkeypatch.setattr(tuning.batchnorm, "GEN_WAVE", wave)
+    if sms is not None:
+        monkeypatch.setattr(handle, "sm_count", sms)
+        G._forget_bn_plans(handle)
     t = G._train(handle, SPATIAL, dims, layout, dtype, rng)
     assert launched[-1] == [("fwd_fused_gen", None)]
     G._backward(handle, t, dtype, SPATIAL, rng, saved=True)
@@ -269,3 +275,5 @@ def test_gen_tiny(handle, dims, layout, dtype, rng, launched, monkeypatch):
     assert launched[-1] == [("fwd_fused_gen", None)]
     G._backward(handle, t, dtype, SPATIAL, rng, saved=False, ex_ops=OPS_ACT)
     assert launched[-1] == [("bwd_fused_gen", None)]
+    if sms is not None:
+        G._forget_bn_plans(handle)

@@ -53,19 +53,20 @@ def _bpsm(threads, regs):
     return max(1, min(2048 // threads, 32, 65536 // (threads * regs)))
 
 
-def _want_launch(m, c, direction, sms=132, wave=True):
+def _want_launch(m, c, direction, sms=132, wave=True, su=1, wide=True):
     """(u, threads): the resident form where its blocks hold every channel in one wave (or NC_RES_WAVE off), else
-    the streaming form (4 a thread, 256 / 128 / 64 threads: the first that keeps one wave, else 64)."""
+    the streaming form (4 a thread, (512 with NC_RES_STREAM_WIDE,) 256 / 128 / 64 threads: the first that keeps one
+    wave, else 64; the registers of SU 1 / SU 4's kernels)."""
     per, t = _want(m)
     b = "true" if direction == "bwd" else "false"
     if not wave or c <= sms * _bpsm(t, REGS[direction, per]):
         return f"{per}, {b}", t
-    sr = {"fwd": 40, "bwd": 56}[direction]
-    for st in (256, 128, 64):
+    sr = {("fwd", 1): 32, ("bwd", 1): 48, ("fwd", 4): 40, ("bwd", 4): 56}[direction, su]
+    for st in ((512,) if wide else ()) + (256, 128, 64):
         st = min(st, -(-(-(-m // 4)) // 32) * 32)
         if c <= sms * _bpsm(st, sr):
             break
-    return f"4, {b}, true", st
+    return f"4, {b}, true" + (", 1" if su == 1 else ""), st  # (NC_RES_SU 1, the default: one element a step)
 
 
 CASES = [((5, 1481, 23, 23), F32), ((1, 306, 99, 99), BF16), ((4, 256, 64, 64), BF16), ((4, 139, 64, 64), F16), ((2, 3, 77, 77), BF16), ((21, 413, 9, 9), F16),
@@ -86,17 +87,20 @@ def test_ncres_plans_and_pick(dims, dtype, direction, ex):
     u, threads = _want_launch(m, c, direction)
     assert (lc.kernel, lc.vec, lc.grid, lc.block, lc.fields, lc.u) == ("nc_res", None, (c, 1, 1), (threads, 1, 1), {}, u)
     per = int(u.split(",")[0])
-    assert (per * threads >= m or u.endswith(", true, true") or u.endswith(", false, true")) and threads % 32 == 0
+    stream = u.endswith(", true, true, 1") or u.endswith(", false, true, 1")
+    assert (per * threads >= m or stream) and threads % 32 == 0
     assert threads <= B.NC_RES_THREADS
     with tuning.override({"batchnorm.NC_RES_WAVE": False}):
         lr = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
         assert (lr.u, lr.block[0]) == _want_launch(m, c, direction, wave=False)
-    with tuning.override({"batchnorm.NC_RES_SU": 1}):  # (the streaming form loading one element a step)
-        l1 = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
-        assert (l1.u, l1.block) == ((u + ", 1") if u.endswith(", true, true") or u.endswith(", false, true") else u,
-                                    lc.block)
-        assert B._expr(l1.kernel, pl.tag, l1.vec, l1.u) in set(next(u for u in B.kernel_units()
+    with tuning.override({"batchnorm.NC_RES_SU": 4}):  # (the streaming form loading 4 elements a step)
+        l4 = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
+        assert (l4.u, l4.block[0]) == _want_launch(m, c, direction, su=4)
+        assert B._expr(l4.kernel, pl.tag, l4.vec, l4.u) in set(next(u for u in B.kernel_units()
                                                                    if u.name == pl.unit).exprs)
+    with tuning.override({"batchnorm.NC_RES_STREAM_WIDE": False}):  # (no 512-thread streaming blocks)
+        lw = _plan(dims, dtype, direction, ex=ex).seqs["ncr"][0]
+        assert (lw.u, lw.block[0]) == _want_launch(m, c, direction, wide=False)
     assert (pl.params.nc_n, pl.params.nc_hw) == (n, int(np.prod(dims[2:])))
     exprs = set(next(u for u in B.kernel_units() if u.name == pl.unit).exprs)
     assert B._expr(lc.kernel, pl.tag, lc.vec, lc.u) in exprs
@@ -336,3 +340,22 @@ def test_ncres_stream_passes_cover_each_element_once(n, hw, G):
             j += su * G
         sums += regs
     assert sorted(sums) == list(range(m)) and sorted(outs) == list(range(m))
+
+
+@pytest.mark.parametrize("dims,dtype,direction,want,off", [
+    ((2, 477, 13, 13), F32, "bwd", 128, 512),   # the mid-session run's points (H200: the fastest of those timed)
+    ((4, 200, 8, 8), F16, "bwd", 256, 256),
+    ((20, 300, 4, 4), F32, "fwd", 256, 512),
+    ((51, 175, 2, 2), BF16, "fwd", 256, 256),
+    ((1, 1000, 7, 7), F32, "bwd", 64, 64),
+    ((2, 2048, 7, 7), F32, "bwd", 64, 128),     # shared memory caps 64 and 32 alike (10 an SM): the more threads
+    ((1, 4000, 2, 2), F32, "fwd", 32, 32),
+    ((9, 3, 40, 40), F32, "fwd", 1024, 1024),   # (few features: one wave at the cap)
+])
+def test_gen_wave_threads(dims, dtype, direction, want, off):
+    """GEN_WAVE: the gen kernels' block (on 132 SMs, sm_90): the most threads (a row each at most) of the fewest
+    waves, down to 4 rows a thread; off: a row a thread."""
+    pl = _plan(dims, dtype, direction, fmt=pydnn.PYDNN_TENSOR_NHWC)
+    assert [(lc.kernel, lc.block) for lc in pl.seqs["gen"]] == [(f"{direction}_fused_gen", (want, 1, 1))]
+    with tuning.override({"batchnorm.GEN_WAVE": False}):
+        assert _plan(dims, dtype, direction, fmt=pydnn.PYDNN_TENSOR_NHWC).seqs["gen"][0].block == (off, 1, 1)

@@ -196,7 +196,7 @@ def test_ncres_stream(handle, dims, dtype, sms, rng, launched_u, monkeypatch):
     G._backward(handle, t, dtype, SPATIAL, rng, saved=False, ad=0.5, bd_=0.25, ap=2.0, bp=-1.0)
     G._train(handle, SPATIAL, dims, "nchw", dtype, rng, alpha=0.5, beta=-0.75, ex_ops=G.OPS_ADD)
     assert all(len(s) == 1 and s[0][0] == "nc_res" for s in launched_u), launched_u
-    streamed = [s[0] for s in launched_u if s[0][1].endswith(", true")]
+    streamed = [s[0] for s in launched_u if s[0][1].endswith(", true, 1")]  # (NC_RES_SU 1, the default)
     if sms is not None and dims[1] > 64:
         assert len(streamed) == 4, launched_u
     if sms is None and dims[1] >= 140 and dims[2] == 99:
@@ -206,15 +206,32 @@ def test_ncres_stream(handle, dims, dtype, sms, rng, launched_u, monkeypatch):
 
 @_dt(F32, F16, BF16)
 @pytest.mark.parametrize("dims", [(5, 400, 23, 23), (1, 140, 99, 99), (2, 100, 3, 5, 7)])
-def test_ncres_stream_one_a_step(handle, dims, dtype, rng, launched_u, monkeypatch):
-    """NC_RES_SU 1: the streaming passes loading one element a step (nc_res<T, 4, .., true, 1>), on 2 SMs (every shape
-    with more channels than 2 SMs hold streams)."""
-    monkeypatch.setattr(tuning.batchnorm, "NC_RES_SU", 1)
+def test_ncres_stream_four_a_step(handle, dims, dtype, rng, launched_u, monkeypatch):
+    """NC_RES_SU 4 (not the default): the streaming passes loading 4 elements a step together (nc_res<T, 4, .., true>,
+    first use), on 2 SMs (every shape with more channels than 2 SMs hold streams)."""
+    monkeypatch.setattr(tuning.batchnorm, "NC_RES_SU", 4)
     monkeypatch.setattr(handle, "sm_count", 2)
     G._forget_bn_plans(handle)
     t = G._train(handle, SPATIAL, dims, "nchw", dtype, rng)
     G._backward(handle, t, dtype, SPATIAL, rng, saved=True)
     G._backward(handle, t, dtype, SPATIAL, rng, saved=False, ad=0.5, bd_=0.25, ap=2.0, bp=-1.0)
-    assert all(len(s) == 1 and s[0][0] == "nc_res" and s[0][1].endswith(", true, 1") for s in launched_u), launched_u
+    assert all(len(s) == 1 and s[0][0] == "nc_res" and s[0][1].endswith(", true") for s in launched_u), launched_u
     assert len(launched_u) == 3, launched_u
+    G._forget_bn_plans(handle)
+
+
+@_dt(F32, F16, BF16)
+@pytest.mark.parametrize("dims", [(4, 139, 64, 64), (1, 140, 99, 99)])
+def test_ncres_stream_wide(handle, dims, dtype, rng, launched_u, monkeypatch):
+    """NC_RES_STREAM_WIDE (the default): the streaming form on 512-thread blocks where they keep every channel in
+    one wave (139 / 140 channels of 16384 / 9801 elements: the resident blocks need 2 waves on an H100 / H200's
+    132 SMs): training, backward with saved and recomputed statistics, blending."""
+    monkeypatch.setattr(tuning.batchnorm, "NC_RES_STREAM_WIDE", True)
+    G._forget_bn_plans(handle)
+    t = G._train(handle, SPATIAL, dims, "nchw", dtype, rng)
+    G._backward(handle, t, dtype, SPATIAL, rng, saved=True)
+    G._backward(handle, t, dtype, SPATIAL, rng, saved=False, ad=0.5, bd_=0.25, ap=2.0, bp=-1.0)
+    assert all(len(s) == 1 and s[0][0] == "nc_res" and s[0][1].endswith(", true, 1") for s in launched_u), launched_u
+    if handle.sm_count in (132, 114):  # (H200 / H100 SXM, PCIe: 512 threads hold the channels in one wave)
+        assert all(s[0][2] == 512 for s in launched_u), launched_u
     G._forget_bn_plans(handle)

@@ -64,3 +64,23 @@ def test_row_rounds(handle, rng, monkeypatch, rounds):
             av = a.upload(_values(rng, dims, op, ta))
             c = DevTensor((dims[0], 1), ta)
             _check(handle, op, a.desc, a.ptr, av, c, ta, f"rounds {rounds} {dims} op {op} shift {shift}")
+
+
+@pytest.mark.parametrize("seg_rounds", [1, 2, 4])
+def test_seg_rounds(handle, rng, monkeypatch, seg_rounds):
+    """tuning.reduce.SEG_ROUNDS (a segment of a split row or column keeps at least that many rounds of kUnroll
+    loads a thread): few long rows in 4..24 segments (the second pass over the partials), indices of MAX over the
+    segments (the first index must win), a column reduction, aligned and unaligned A, C poisoned."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.reduce, "SEG_ROUNDS", seg_rounds)
+    cases = [((18, 65536), F32, ADD, (18, 1)), ((9, 65536), BF16, MAX, (9, 1)), ((3, 100003), F32, AVG, (3, 1)),
+             ((2, 70000), F16, MAX, (2, 1)), ((40000, 8), F32, ADD, (1, 8))]
+    for dims, ta, op, cdims in cases:
+        for shift in (0, 1):
+            a = Shifted(dims, ta, None, shift)
+            av = a.upload(_values(rng, dims, op, ta))
+            c = DevTensor(cdims, ta)
+            if shift == 0 and cdims[0] > 1:
+                segs = plan_summary(handle, _rdesc(op, op in INDEXED), a.desc, c.desc)[0][3]
+                assert segs > 1, (dims, segs)
+            _check(handle, op, a.desc, a.ptr, av, c, ta, f"seg_rounds {seg_rounds} {dims} op {op} shift {shift}")

@@ -234,8 +234,17 @@ def test_kernel_choice():
     # CHANNEL on NCHW: channels strided, spatial contiguous
     assert _summary((2, 37, 3, 5)) == ("col", [("col_fwd", 1, (16, 16), 2)])
     assert _summary((64, 21, 64, 64), BF16) == ("col", [("col_fwd", 8, (32, 8), 1024), ("col_fwd", 1, (32, 8), 8192)])
-    assert _summary((8, 4096, 8, 8), F32) == ("col", [("col_loop_fwd", 4, (2, 128), 64),
-                                                      ("col_loop_fwd", 1, (8, 32), 64)])  # streamed channels
+    with tuning.override({"softmax.COL_FILL": 0}):  # streamed channels, a sector per channel line
+        assert _summary((8, 4096, 8, 8), F32) == ("col", [("col_loop_fwd", 4, (2, 128), 64),
+                                                          ("col_loop_fwd", 1, (8, 32), 64)])
+    # COL_FILL (the default, 1): 64 blocks < 132 SMs, so the tiles narrow (128 / 256 blocks)
+    assert _summary((8, 4096, 8, 8), F32) == ("col", [("col_loop_fwd", 4, (1, 256), 128),
+                                                      ("col_loop_fwd", 1, (2, 128), 256)])
+    assert _summary((140, 4096, 8, 8), F32) == ("col", [("col_loop_fwd", 4, (2, 128), 1120),
+                                                        ("col_loop_fwd", 1, (8, 32), 1120)])  # (enough blocks)
+    # and where the channels then fit the registers, col (3 x 1000 x 7 x 7: 147 one-position blocks)
+    assert _summary((40, 601, 3, 3), BF16) == ("col", [("col_loop_fwd", 1, (2, 128), 200)])
+    assert _summary((3, 1000, 7, 7), F32) == ("col", [("col_fwd", 1, (1, 256), 147)])
     # gaps inside the reduced dims
     assert _summary((3, 5, 4, 6), strides=(400, 80, 16, 2))[0] == "gen"
     assert _summary((3, 5, 4, 6), strides=(400, 80, 16, 2), mode=INSTANCE)[0] == "gen"

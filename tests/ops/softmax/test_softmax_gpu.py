@@ -27,7 +27,8 @@ CASES = [  # dims, layout: "nchw", "nhwc" or explicit strides (gaps)
     ((2, 16, 8, 8), (1280, 1, 160, 20)),  # NHWC with padded channels (row stride 20)
     ((4, 37, 1, 1), (41, 1, 1, 1)),       # padded rows: each row starts at a different alignment
     ((2, 12, 4, 8), "nchw"),              # CHANNEL: col with 16-byte vectors
-    ((2, 600, 4, 4), "nchw"),             # CHANNEL: col_loop (channels streamed), 16-byte vectors
+    ((2, 600, 4, 4), "nchw"),             # CHANNEL: col, 16-byte vectors at one position a thread (COL_FILL)
+    ((70, 520, 4, 4), "nchw"),            # CHANNEL: col_loop (channels streamed), 16-byte vectors (140 blocks)
     ((2, 1200, 3, 5), "nchw"),            # CHANNEL: col_loop, scalar (H * W = 15)
     ((2, 5, 3), (1, 2, 10)),              # N innermost
     ((4, 1000, 1, 1), "nchw"),
@@ -252,3 +253,34 @@ def test_kernel_choice_is_what_the_tests_assume(handle):
     if handle.arch == "sm_90":  # few long rows over a cluster
         want.add("row_split_fwd")
     assert seen == want, seen
+
+
+@pytest.mark.parametrize("fill", [1, 2])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+def test_col_fill(handle, rng, monkeypatch, fill, dtype):
+    """tuning.softmax.COL_FILL: channel softmax over few (outer, tile) blocks takes tiles narrower than a 32-byte
+    sector (col_loop at 2 or 1 positions; with 2 the col kernel once the channels fit its registers), forward and
+    backward, ACCURATE and LOG, blending, outputs poisoned; the launch shapes the planner is meant to give."""
+    from pydnn import tuning
+    monkeypatch.setattr(tuning.softmax, "COL_FILL", fill)
+    cases = [((40, 601, 3, 3), {1: ("col_loop_fwd", (2, 128)), 2: ("col_fwd", (1, 256))}),
+             ((3, 1000, 7, 7), {1: ("col_fwd", (1, 256)), 2: ("col_fwd", (1, 256))}),
+             ((2, 2048, 5, 5), {1: ("col_loop_fwd", (1, 256)), 2: ("col_loop_fwd", (1, 256))}),
+             ((16, 300, 9, 9), {1: ("col_loop_fwd", (8, 32)), 2: ("col_fwd", (2, 128))})]
+    for dims, want in cases:
+        x, y, dy, dx = (_tensor(dims, "nchw", dtype) for _ in range(4))
+        got = S.plan_summary(handle, ACCURATE, CHANNEL, x.desc, y.desc)[1][-1]
+        assert (got[0], got[2]) == want[fill], (dims, got)
+        xv = x.random(rng, -4, 4)
+        for algo in (ACCURATE, LOG):
+            _fwd_check(handle, algo, CHANNEL, x, y, xv, 1.0, 0.0, None, f"col_fill {fill} fwd {dims}")
+            y0 = y.random(rng)
+            _fwd_check(handle, algo, CHANNEL, x, y, xv, 0.5, -1.5, y0, f"col_fill {fill} fwd blend {dims}")
+            pydnn.softmax_forward(handle, algo, CHANNEL, 1.0, x.desc, x.ptr, 0.0, y.desc, y.ptr)
+            yv, dyv = y.download(), dy.random(rng)
+            dx0 = dx.random(rng)
+            pydnn.softmax_backward(handle, algo, CHANNEL, 0.75, y.desc, y.ptr, dy.desc, dy.ptr, 0.5, dx.desc, dx.ptr)
+            terms = ref.backward_terms(algo, CHANNEL, yv, dyv)
+            assert_close(dx.download(), ref.backward(algo, CHANNEL, 0.75, yv, dyv, 0.5, dx0), dtype,
+                         f"col_fill {fill} bwd {dims}", scale=0.75 * terms + np.abs(0.5 * dx0))
+            dx.check_untouched()
