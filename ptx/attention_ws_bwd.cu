@@ -54,6 +54,7 @@
 //     tile t in buffer t & 1, dqfull / dqempty per buffer (parities (t >> 1) & 1, the consumers' ^ 1).
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
+#include "common/attn_exp2.cuh"
 #include "common/attn_pipe.cuh"
 #include "common/attn_problem.cuh"
 #include "common/attn_bwd_tile.cuh"
@@ -153,7 +154,58 @@ constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ h
 constexpr int kBarTurn = 3;    // named barriers 3, 4 (kDqRedPP): consumer warpgroup 0's / 1's turn to issue S^T, dP^T
 constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) both warpgroups' dK done
 
-template <class T, int D, int DQ, int STAGES>
+// VAR (bwd_ws's last template argument; 0, the default, everywhere but tuning.attention_bwd.WS_VAR's benchmark
+// variants, units attention.ws_bwd.var.*): kVarBranchy the exponentials' loop as it was before session 33 (the
+// mask test inside it, per element: ptxas made a branch and a convergence barrier of each of the 64 (d 64) / 32
+// elements a thread, ~11 SASS instructions an element on unmasked tiles where 2 do); EMU = (VAR >> 1) & 7
+// eighths of an unmasked tile's exponentials by exp2_poly (the FMA pipe) instead of MUFU.EX2; the probes (timing
+// only, wrong results): kVarNoExp no exponential at all (P = the scaled score), kVarNoRed the dQ tile's bulk
+// reductions not issued, kVarNoLoad Q / dO loaded for the first STAGES tiles only (the ring's later phases complete
+// on the producer's arrivals alone).
+constexpr int kVarBranchy = 1, kVarNoExp = 16, kVarNoRed = 32, kVarNoLoad = 64;
+
+// P^T = 2^(S^T scale_log2 - lse) in place for a warpgroup's m64nBMk16 accumulator (element 4 j + 2 hh + e: key
+// key0 + 8 hh, query m0 + 8 j + 2 q4 + e; lt the tile's lse in log2 units [BM]). The masked form keeps every
+// element on MUFU (-inf must give 0); the unmasked one sends EMU eighths (j % 8 < EMU) to exp2_poly (x finite:
+// an unmasked tile's rows all see a key, and rows past the tensor have lse +inf -> 2^-126 against dO = 0 rows
+// and dsum 0, so dV / dK / dQ get exact zeros from them).
+template <int VAR, int N>
+__device__ __forceinline__ void bwd_exp(bool masked, float (&sc)[N], const float* lt, float scale_log2, int q4, int key0,
+                                        int m0, const Seq& sq) {
+  constexpr int EMU = (VAR >> 1) & 7;
+  if (masked) {
+    // key key0 + 8 hh is past the length when 8 hh > kl, past query m0 + 8 j + 2 q4 + e's diagonal when
+    // 8 hh - 8 j - e > qd: one ISETP against an immediate an element (the || of the plain test made branches)
+    const int kl = sq.len_kv - 1 - key0, qd = sq.causal ? m0 + 2 * q4 + sq.offset - key0 : (1 << 30);
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int idx = 4 * j + 2 * hh + e;
+          const bool dead = (8 * hh > kl) | (8 * hh - 8 * j - e > qd);
+          sc[idx] = exp2_fast(fmaf(dead ? -kInf : sc[idx], scale_log2, -(e ? lv.y : lv.x)));
+        }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float x = fmaf(sc[4 * j + i], scale_log2, -((i & 1) ? lv.y : lv.x));
+        if constexpr ((VAR & kVarNoExp) != 0)
+          sc[4 * j + i] = x;
+        else
+          sc[4 * j + i] = (j % 8) < EMU ? attn::exp2_poly(x) : exp2_fast(x);
+      }
+    }
+  }
+}
+
+template <class T, int D, int DQ, int STAGES, int VAR = 0>
 __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
@@ -236,9 +288,11 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
           const volatile int* xy = reinterpret_cast<const volatile int*>(smem + C::OFF_XY + 8 * i);
           const int m0 = xy[0], hb = xy[1];
           const unsigned src = sb + C::OFF_DQ + i * C::DQ_BYTES;
+          if constexpr (!(VAR & kVarNoRed)) {
 #pragma unroll
-          for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, hb);
-          bulk_commit();
+            for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, hb);
+            bulk_commit();
+          }
           bulk_wait_read();  // the tile read: the consumers may store into the buffer again
           tma::mbar_arrive(dqempty(i));
         }
@@ -265,7 +319,9 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
       const int s = it % STAGES, n = it / STAGES;
       const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
       tma::mbar_wait(empty(s), (n & 1) ^ 1);
-      if (lane == 0) {
+      if ((VAR & kVarNoLoad) && it >= STAGES) {  // (probe: the stage's old Q / dO)
+        if (lane == 0) tma::mbar_arrive(full(s));
+      } else if (lane == 0) {
         tma::mbar_arrive_expect_tx(full(s), 2 * C::Q_BYTES);
 #pragma unroll
         for (int sl = 0; sl < D / 64; ++sl) {
@@ -375,21 +431,27 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     const bool need_mask = (sq.causal && wkey + 63 > m0 + sq.offset) || wkey + 63 >= sq.len_kv;
     const float* lt = sL + s * BM;
     const float* dt = sDs + s * BM;
+    if constexpr ((VAR & kVarBranchy) != 0) {
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
+      for (int j = 0; j < BM / 8; ++j) {
+        const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
+        for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int idx = 4 * j + 2 * hh + e;
-          float x = sc[idx];
-          if (need_mask) {
-            const int key = key0 + 8 * hh, qi = m0 + j * 8 + 2 * q4 + e;
-            if (key >= sq.len_kv || (sq.causal && key > qi + sq.offset)) x = -kInf;
+          for (int e = 0; e < 2; ++e) {
+            const int idx = 4 * j + 2 * hh + e;
+            float x = sc[idx];
+            if (need_mask) {
+              const int key = key0 + 8 * hh, qi = m0 + j * 8 + 2 * q4 + e;
+              if (key >= sq.len_kv || (sq.causal && key > qi + sq.offset)) x = -kInf;
+            }
+            sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
           }
-          sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
-        }
+      }
+    } else {
+      // One uniform branch around two straight loops (the mask test per element made 64 / 32 branches,
+      // VAR's comment): unmasked tiles FFMA + MUFU an element (EMU eighths exp2_poly), masked ones an FSEL more.
+      bwd_exp<VAR>(need_mask, sc, lt, p.scale_log2, q4, key0, m0, sq);
     }
     wgmma::wait<0>();
     wgmma::fence_operands(dp);
@@ -482,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
           }
         wgmma::fence_proxy_async();
         tma::named_sync(kBarDQ, 256);
-        if (threadIdx.x == 128) {
+        if (threadIdx.x == 128 && !(VAR & kVarNoRed)) {
           const unsigned src = tma::smem_addr(sdq);
 #pragma unroll
           for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, b * p.heads_q + h);
@@ -747,22 +809,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
     const bool need_mask = (sq.causal && n0 + BN - 1 > m0 + 32 * cw + sq.offset) || n0 + BN - 1 >= sq.len_kv;
     const float* lt = sL + s * BM + 32 * cw;
     const float* dt = sDs + s * BM + 32 * cw;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int idx = 4 * j + 2 * hh + e;
-          float x = sc[idx];
-          if (need_mask) {
-            const int key = n0 + kr + 8 * hh, qi = m0 + 32 * cw + j * 8 + 2 * q4 + e;
-            if (key >= sq.len_kv || (sq.causal && key > qi + sq.offset)) x = -kInf;
-          }
-          sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
-        }
-    }
+    bwd_exp<0>(need_mask, sc, lt, p.scale_log2, q4, n0 + kr, m0 + 32 * cw, sq);  // (bwd_ws's, session 33)
     wgmma::wait<0>();
     wgmma::fence_operands(dp);
     // dS^T = P^T (dP^T - dsum); both halves to buffer it & 1 as [key][query] (chunk 4 cw + j of row kr + 8 hh)

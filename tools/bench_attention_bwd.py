@@ -4,6 +4,8 @@ chosen variant list), cuDNN SDPA in the same run:
   python3 tools/bench_attention_bwd.py [--shapes 4x4096x32x32x128,...] [--variants bulk,bulk+ord,...]
                                        [--det 0] [--reps N] [--out FILE]
 
+A variant "default+<v>" or "<mode>+<v>" runs tuning.attention_bwd.WS_VAR = <v> (pydnn/ops/attention_ws_bwd.py VARS: "branchy",
+the exponentials' loop before session 33; "emu2"; the probes "noexp", "nored", "noload", whose results are wrong).
 A variant ending in "+np" runs the backward's memory passes in attention.cu's form (tuning.attention_bwd.PREP_VEC
 off: bwd_pre / bwd_dq_convert, a warp a row) instead of ptx/attention_prep.cu's. A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)
 with optional "+ord" (tuning.attention_bwd.WS_ORDER: the longest-walk-first 1-d grid) and "+3st" (WS_STAGES 3
@@ -20,6 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as BA  # noqa: E402
+from pydnn.ops import attention_ws_bwd as WSB  # noqa: E402
 
 
 def overrides(name):
@@ -29,13 +32,19 @@ def overrides(name):
         return {"attention_bwd.WS": False}
     if name == "default":  # the warp-specialized kernel with tuning's defaults
         return {"attention_bwd.WS": True}
+    base, _, var = name.partition("+")
+    if base == "default" and var in WSB.VARS:  # the defaults with a WS_VAR variant / probe: default+branchy, ...
+        return {"attention_bwd.WS": True, "attention_bwd.WS_VAR": var}
     if name.startswith("d256-"):  # bwd_ws256's dQ mode (tuning.attention_bwd.WS_DQ_D256): d256-red, d256-bulkw(2)
         return {"attention_bwd.WS": True, "attention_bwd.WS_DQ_D256": name[5:]}
     mode, *opts = name.split("+")
     over = {"attention_bwd.WS": True, "attention_bwd.WS_DQ": mode, "attention_bwd.WS_DQ_CAUSAL": None,
             "attention_bwd.WS_ORDER": "ord" in opts,
             "attention_bwd.WS_STAGES": 3 if "3st" in opts else 2}
-    unknown = set(opts) - {"ord", "3st"}
+    var = [o for o in opts if o in WSB.VARS]
+    if var:
+        over["attention_bwd.WS_VAR"] = var[0]
+    unknown = set(opts) - {"ord", "3st"} - set(WSB.VARS)
     if unknown:
         raise SystemExit(f"unknown variant options {unknown}")
     return over

@@ -128,6 +128,8 @@ RULES = (
     Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,]+, \d+, (1|3|4), ",
          "bwd_ws's red / redpp / bulkw dQ modes: tuning.attention_bwd.WS_DQ's other values (the defaults run "
          "\"bulk\", \"bulkwpp\" under a causal mask at d 128 (WS_DQ_CAUSAL), and \"none\" when deterministic)"),
+    Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,<>]+, \d+, \d+, \d+, [1-9]\d*>$",
+         "bwd_ws's benchmark variants and probes (VAR != 0): only tuning.attention_bwd.WS_VAR runs them"),
     Rule(r"attention\.(d96\.)?(f16|bf16)", r"::(fwd|bwd_dq|bwd_dkdv)<",
          "the mma.sync attention forward / backward at head dims 64, 96, 128 without dropout: on sm_90 the "
          "warp-specialized (d 64 / 128) and wgmma (d 96) forwards and the wgmma backward take them "

@@ -90,6 +90,25 @@ SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attent
 DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
 
 
+# bwd_ws's VAR (ptx/attention_ws_bwd.cu kVar*), tuning.attention_bwd.WS_VAR: benchmark variants of the default
+# modes (first-use instantiations, pydnn/_build/rare.py): "branchy" the exponentials' loop as it was before session 33
+# (the A/B of its replacement), "emu2" two eighths of an unmasked tile's exponentials by exp2_poly; the probes
+# (timing only: their results are wrong) "noexp" (no exponential), "nored" (no dQ bulk reductions), "noload" (Q /
+# dO loaded for the first stages only): what each part of a tile costs.
+VARS = {"branchy": 1, "emu2": 4, "noexp": 16, "nored": 32, "noload": 64}
+VAR_CASES = ((64, "bulk"), (128, "bulk"), (128, "bulkwpp"))
+
+
+def var_of(d, mode, stages):
+    """tuning.attention_bwd.WS_VAR's VAR value where (d, mode) is one of VAR_CASES on STAGES stages, else 0."""
+    v = tuning.attention_bwd.WS_VAR
+    if not v or stages != STAGES or (d, mode) not in VAR_CASES:
+        return 0
+    if v not in VARS:
+        raise ValueError(f"tuning.attention_bwd.WS_VAR: {v!r} is not one of {sorted(VARS)}")
+    return VARS[v]
+
+
 def stages_of(d, mode):
     """tuning.attention_bwd.WS_STAGES where that (d, mode) is instantiated with it, else STAGES."""
     st = tuning.attention_bwd.WS_STAGES
@@ -108,11 +127,12 @@ def dq_mode(atomic, d=128, causal=False):
     return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
 
 
-def _expr(tag, d, mode, stages=STAGES):
-    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages); mode a DQ_MODES key."""
+def _expr(tag, d, mode, stages=STAGES, var=0):
+    """bwd_ws<T, D, DQ, STAGES> (var: bwd_ws<T, D, DQ, STAGES, VAR>; d 256: bwd_ws256<T, DQ>, 2 stages); mode a
+    DQ_MODES key."""
     if d == 256:
         return f"pydnn::attn_wsb::bwd_ws256<{CTYPE[tag]}, {DQ_MODES[mode]}>"
-    return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
+    return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}" + (f", {var}>" if var else ">")
 
 
 def unit_name(tag):
@@ -137,7 +157,9 @@ def _dims():
 def kernel_units():
     return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
                        tuple(_expr(tag, d, m) for d in _dims() for m in DQ_MODES if d in MODE_DIMS.get(m, (d,)))
-                       + tuple(_expr(tag, d, m, st) for d, m, st in DEEP), archs=(ARCH + "a",))
+                       + tuple(_expr(tag, d, m, st) for d, m, st in DEEP)
+                       + tuple(_expr(tag, d, m, STAGES, v) for d, m in VAR_CASES if d in _dims() for v in VARS.values()),
+                       archs=(ARCH + "a",))
             for tag in TAGS]
 
 
@@ -205,7 +227,7 @@ def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
         return False
     st = stages_of(d, mode)
     smem = smem_bytes(d, st, mode)
-    f = handle.function(unit_name(tag), _expr(tag, d, mode, st), smem)
+    f = handle.function(unit_name(tag), _expr(tag, d, mode, st, var_of(d, mode, st)), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
     driver.launch_args(f, grid(batch, heads_kv, seq_kv, d), (THREADS, 1, 1), smem, handle.cu_stream,
                        (arr, ctypes.addressof(arr), p, m))

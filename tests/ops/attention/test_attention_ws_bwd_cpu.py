@@ -34,8 +34,11 @@ def test_units():
         assert u.exprs == (tuple(WSB._expr(t, d, m) for d in (64, 128)
                                  for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp") if (d, m) != (64, "bulkwpp"))
                            + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
-                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
+                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3))
+                           + tuple(WSB._expr(t, d, m, 2, v) for d, m in ((64, "bulk"), (128, "bulk"), (128, "bulkwpp"))
+                                   for v in (1, 4, 16, 32, 64)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
+    assert WSB._expr("bf16", 64, "bulk", 2, 4) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 64, 2, 2, 4>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
     assert WSB._expr("bf16", 128, "bulkw", 3) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 4, 3>"
     assert WSB._expr("f16", 256, "red") == "pydnn::attn_wsb::bwd_ws256<pydnn::half_t, 1>"
@@ -57,7 +60,7 @@ def test_units():
     for t in ("bf16", "f16"):
         for e in units[f"attention.ws_bwd.{t}"].exprs:
             args = [int(x) for x in e.split("<", 1)[1].rstrip(">").split(", ")[1:]]
-            d, m, st = args if "bwd_ws<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>
+            d, m, st = args[:3] if "bwd_ws<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>; bwd_ws<.., VAR>
             assert WSB.smem_bytes(d, st, modes[m]) <= SMEM_LIMIT, e
     # Cfg256: K, V of 64 keys, 2 stages of Q / dO (64 rows), 2 x (P^T, dS^T) of 64 x 64, lse / dsum, 7
     # mbarriers, slack: 968 bytes under the limit (bulkw stages its dQ tile in the Q / dO buffers)
@@ -149,6 +152,28 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
     mode = "none" if det else "bulk" if (d, dq) == (64, "bulkwpp") else dq
     assert ws["f"] == WSB._expr(tag, d, mode)
     assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d, 2, mode)
+
+
+@pytest.mark.parametrize("var", sorted(WSB.VARS))
+@pytest.mark.parametrize("d, dq, mask", [(64, "bulk", NONE), (64, "bulkwpp", TL), (128, "bulk", NONE),
+                                         (128, "bulkwpp", TL), (128, "red", NONE), (256, "bulkw", TL)])
+def test_dispatch_var(on, monkeypatch, var, d, dq, mask):
+    """tuning.attention_bwd.WS_VAR picks bwd_ws<..., VAR> for VAR_CASES' (d, mode) pairs (d 64's bulkwpp runs
+    bulk: a VAR case), the default kernel elsewhere (another mode, d 256, deterministic), and refuses a name
+    that is not a variant."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_VAR", var)
+    mode = "bulk" if (d, dq) == (64, "bulkwpp") else dq
+    for det in (0, 1):
+        del on[:]
+        _bwd(d=d, det=det, mask=mask)
+        m = "none" if det else mode
+        v = WSB.VARS[var] if (d, m) in WSB.VAR_CASES else 0
+        assert on[1]["f"] == WSB._expr("bf16", d, m, 2, v)
+        assert v == 0 or on[1]["f"].endswith(f", {WSB.VARS[var]}>")
+    monkeypatch.setattr(tuning.attention_bwd, "WS_VAR", "nope")
+    with pytest.raises(ValueError, match="WS_VAR"):
+        WSB.var_of(64, "bulk", 2)
 
 
 @pytest.mark.parametrize("order", [False, True])
