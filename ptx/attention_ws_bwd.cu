@@ -102,6 +102,10 @@ constexpr int kDqBulkWPP = 5;
 // (S^T, dP^T: all slabs) done before kBarDS. So no meeting: the first half goes in after its own dV (under dK's
 // MMAs), the second after its own dK.
 constexpr int kDqBulkW2 = 6;
+// kDqBulkWPP1 (session 33): kDqBulkWPP with one dQ tile (kDqBulkW's): a warpgroup stores its half of tile t + 1
+// after the writer's read of tile t (dqempty), half an iteration after the other warpgroup's half of t went in;
+// 199800 bytes at d 64, where kDqBulkWPP's second tile does not fit (232568 > 232448): the ping-pong at d 64.
+constexpr int kDqBulkWPP1 = 7;
 template <int DQ> struct DqBufs { static constexpr int value = DQ == kDqBulkWPP ? 2 : 1; };
 // The CTA order of a 1-d grid (launched when tuning.attention_bwd.WS_ORDER): chunks of kOrderChunk (K/V
 // head, batch) pairs, inside a chunk the key blocks in order (the first, under a causal mask the longest
@@ -154,8 +158,8 @@ constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ h
 constexpr int kBarTurn = 3;    // named barriers 3, 4 (kDqRedPP): consumer warpgroup 0's / 1's turn to issue S^T, dP^T
 constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) both warpgroups' dK done
 
-// VAR (bwd_ws's last template argument; 0, the default, everywhere but tuning.attention_bwd.WS_VAR's benchmark
-// variants, units attention.ws_bwd.var.*): kVarBranchy the exponentials' loop as it was before session 33 (the
+// VAR (bwd_ws_var's last template argument; bwd_ws is VAR 0: tuning.attention_bwd.WS_VAR's benchmark
+// variants, first-use instantiations): kVarBranchy the exponentials' loop as it was before session 33 (the
 // mask test inside it, per element: ptxas made a branch and a convergence barrier of each of the 64 (d 64) / 32
 // elements a thread, ~11 SASS instructions an element on unmasked tiles where 2 do); EMU = (VAR >> 1) & 7
 // eighths of an unmasked tile's exponentials by exp2_poly (the FMA pipe) instead of MUFU.EX2; the probes (timing
@@ -205,14 +209,15 @@ __device__ __forceinline__ void bwd_exp(bool masked, float (&sc)[N], const float
   }
 }
 
-template <class T, int D, int DQ, int STAGES, int VAR = 0>
-__global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
-#endif
-  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulkWPP, "bwd_ws tile");
-  constexpr bool PP = DQ == kDqRedPP || DQ == kDqBulkWPP;
-  constexpr bool WRITER = DQ == kDqBulkW || DQ == kDqBulkWPP;
+// The kernel's body: bwd_ws<T, D, DQ, STAGES> (VAR 0) and bwd_ws_var<..., VAR> (a kernel of its own, so the
+// default kernels keep their names) inline it; tm is the kernel's __grid_constant__ parameter (TMA reads its maps
+// by address).
+template <class T, int D, int DQ, int STAGES, int VAR>
+__device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm) {
+  static_assert((D == 64 || D == 128) && STAGES >= 2 && ((DQ >= kDqNone && DQ <= kDqBulkWPP) || DQ == kDqBulkWPP1),
+                "bwd_ws tile");
+  constexpr bool PP = DQ == kDqRedPP || DQ == kDqBulkWPP || DQ == kDqBulkWPP1;
+  constexpr bool WRITER = DQ == kDqBulkW || DQ == kDqBulkWPP || DQ == kDqBulkWPP1;
   constexpr int NDQ = DqBufs<DQ>::value;
   static_assert(Cfg<D, STAGES, NDQ>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
   static_assert(Cfg<D, STAGES, NDQ>::SMEM <= 227 * 1024, "past sm_90's 232448 bytes of shared memory a block");
@@ -589,6 +594,21 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   // kDqBulk: the last tile read before the CTA's shared memory goes (after the stores above, not before them:
   // the additions' completion is not waited for, see the writer)
   if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();
+}
+template <class T, int D, int DQ, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
+#endif
+  bwd_ws_body<T, D, DQ, STAGES, 0>(p, tm);
+}
+
+template <class T, int D, int DQ, int STAGES, int VAR>
+__global__ void __launch_bounds__(kThreads, 1) bwd_ws_var(const AttnParams p, const __grid_constant__ Maps tm) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "bwd_ws_var needs the sm_90a target (KernelUnit archs)");
+#endif
+  bwd_ws_body<T, D, DQ, STAGES, VAR>(p, tm);
 }
 
 

@@ -71,7 +71,8 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # run "bulk"): bulkwpp's two fp32 dQ tiles of 128 x 64 put d 64 at 232568 bytes, past the 232448 an sm_90
 # block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
 # (attention_ws_bwd.cu's writer).
-DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5, "bulkw2": 6}
+# "bulkwpp1" (session 33): bulkwpp with one dQ tile (fits d 64: the ping-pong there; ptx/attention_ws_bwd.cu kDqBulkWPP1).
+DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5, "bulkw2": 6, "bulkwpp1": 7}
 # d 256 (bwd_ws256): the modes instantiated, "none" (deterministic) and the atomic ones tuning.attention_bwd.
 # WS_DQ_D256 picks from (a value not listed runs the first atomic one). The kernel has three: "red"
 # (red.global.add), "bulkw" (the writer's bulk reductions, the fp32 dQ tile staged in the stage's Q / dO buffers:
@@ -81,7 +82,7 @@ DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5
 # is instantiated (the install-time build compiles what the defaults run; the others, GPU-tested in those runs,
 # come back by adding them here).
 D256_MODES = ("none", "bulkw")
-MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128),
+MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128), "bulkwpp1": (64, 128),
              **{m: (64, 128) + ((256,) if m in D256_MODES else ()) for m in ("red", "bulkw")},
              "bulkw2": (256,) if "bulkw2" in D256_MODES else ()}
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
@@ -128,11 +129,13 @@ def dq_mode(atomic, d=128, causal=False):
 
 
 def _expr(tag, d, mode, stages=STAGES, var=0):
-    """bwd_ws<T, D, DQ, STAGES> (var: bwd_ws<T, D, DQ, STAGES, VAR>; d 256: bwd_ws256<T, DQ>, 2 stages); mode a
+    """bwd_ws<T, D, DQ, STAGES> (var: bwd_ws_var<T, D, DQ, STAGES, VAR>; d 256: bwd_ws256<T, DQ>, 2 stages); mode a
     DQ_MODES key."""
     if d == 256:
         return f"pydnn::attn_wsb::bwd_ws256<{CTYPE[tag]}, {DQ_MODES[mode]}>"
-    return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}" + (f", {var}>" if var else ">")
+    if var:
+        return f"pydnn::attn_wsb::bwd_ws_var<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}, {var}>"
+    return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
 
 
 def unit_name(tag):
@@ -191,7 +194,7 @@ def maps(tag, d, p, mode="none"):
     dQ accumulator's too, (d, seq_q, batch x heads_q) fp32, boxes of 32 columns x BM rows)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = {t: tuple(p.stride[t][i] for i in range(3)) for t in (0, 1, 2, 4)}
-    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp", "bulkw2") else None
+    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp", "bulkw2", "bulkwpp1") else None
     key = (tag, d, p.q, p.dout, p.k, p.v, acc, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
     m = _MAPS.get(key)
     if m is not None:

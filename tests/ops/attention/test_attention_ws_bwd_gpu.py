@@ -70,7 +70,7 @@ CASES = [  # b, hq, hkv, sq, skv, d, layout
 IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in CASES]
 
 
-@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -93,7 +93,7 @@ LONG_CASES = [  # several 128-key blocks and query tiles per CTA, partial last o
 LONG_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in LONG_CASES]
 
 
-@pytest.mark.parametrize("dq", ["red", "bulk", "redpp", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("dq", ["red", "bulk", "redpp", "bulkw", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", LONG_CASES, ids=LONG_IDS)
 def test_backward_ws_long(handle, rng, wsb, monkeypatch, mask, case, dq):
