@@ -26,6 +26,8 @@ from pydnn.ops import attention_ws_bwd as WSB  # noqa: E402
 
 
 def overrides(name):
+    if "#" in name:  # a repeated variant under another column name (default#2: the run's drift, same kernel)
+        return overrides(name.split("#")[0])
     if name.endswith("+np"):  # any variant with the backward's memory passes in attention.cu's form (PREP_VEC off)
         return {**overrides(name[:-3]), "attention_bwd.PREP_VEC": False}
     if name == "old":
