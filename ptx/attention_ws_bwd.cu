@@ -209,6 +209,20 @@ __device__ __forceinline__ void bwd_exp(bool masked, float (&sc)[N], const float
   }
 }
 
+// kVarOldDesc (the A/B of dsc): the wgmma descriptors by wgmma::desc_sw128, as before session 33.
+constexpr int kVarOldDesc = 256;
+
+// wgmma::desc_sw128 without the address mask and with + for |: the same descriptor for every shared address below
+// 2^18 (sm_90's are below 228 KiB + 1 KiB), but ptxas folds a constant offset from a base of known alignment (sb is
+// 1024-aligned) into one add where it masked, shifted and or-ed each k-step's address again: executed SASS a tile a
+// warp (unmasked, nvdisasm) d 64 812 -> 726, d 128 688 -> 585.
+template <int VAR>
+__device__ __forceinline__ unsigned long long dsc(unsigned addr, unsigned lbo, unsigned sbo) {
+  if constexpr ((VAR & kVarOldDesc) != 0) return wgmma::desc_sw128(addr, lbo, sbo);
+  return (unsigned long long)(addr >> 4) + ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) +
+         ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) + (1ull << 62);
+}
+
 // The kernel's body: bwd_ws<T, D, DQ, STAGES> (VAR 0) and bwd_ws_var<..., VAR> (a kernel of its own, so the
 // default kernels keep their names) inline it; tm is the kernel's __grid_constant__ parameter (TMA reads its maps
 // by address).
@@ -418,13 +432,13 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const unsigned ko = (kk >> 2) * (BN * 128) + cw * (64 * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      wgmma::Mma<T, BM, 0, 0>::run(sc, wgmma::desc_sw128(sK + ko, 16, 1024), wgmma::desc_sw128(q_s + qo, 16, 1024), kk > 0);
+      wgmma::Mma<T, BM, 0, 0>::run(sc, dsc<VAR>(sK + ko, 16, 1024), dsc<VAR>(q_s + qo, 16, 1024), kk > 0);
     }
     wgmma::commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const unsigned ko = (kk >> 2) * (BN * 128) + cw * (64 * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      wgmma::Mma<T, BM, 0, 0>::run(dp, wgmma::desc_sw128(sV + ko, 16, 1024), wgmma::desc_sw128(do_s + qo, 16, 1024), kk > 0);
+      wgmma::Mma<T, BM, 0, 0>::run(dp, dsc<VAR>(sV + ko, 16, 1024), dsc<VAR>(do_s + qo, 16, 1024), kk > 0);
     }
     wgmma::commit();
     if (PP) attn::bar_arrive(kBarTurn + (cw ^ 1), 256);
@@ -469,11 +483,11 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < BM / 16; ++ks)
-      wgmma::MmaRS<T, D, 1>::run(dv, pa[ks], wgmma::desc_sw128(do_s + ks * 2048, BM * 128, 1024), 1);
+      wgmma::MmaRS<T, D, 1>::run(dv, pa[ks], dsc<VAR>(do_s + ks * 2048, BM * 128, 1024), 1);
     if constexpr (!ATOMIC) {
 #pragma unroll
       for (int ks = 0; ks < BM / 16; ++ks)
-        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
+        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], dsc<VAR>(q_s + ks * 2048, BM * 128, 1024), 1);
     }
     wgmma::commit();
 
@@ -511,12 +525,12 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma::Mma<T, 64, 1, 1>::run(dq, wgmma::desc_sw128(dsb + ao + kk * 2048, BN * 128, 1024),
-                                     wgmma::desc_sw128(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
+        wgmma::Mma<T, 64, 1, 1>::run(dq, dsc<VAR>(dsb + ao + kk * 2048, BN * 128, 1024),
+                                     dsc<VAR>(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
       wgmma::commit();
 #pragma unroll
       for (int ks = 0; ks < BM / 16; ++ks)
-        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
+        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], dsc<VAR>(q_s + ks * 2048, BM * 128, 1024), 1);
       wgmma::commit();
       wgmma::wait<1>();  // dV and dQ done; dK may run on
       wgmma::fence_operands(dq);
@@ -574,8 +588,8 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma::Mma<T, 64, 1, 1>::run(dq, wgmma::desc_sw128(dsb + ao + kk * 2048, BN * 128, 1024),
-                                   wgmma::desc_sw128(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
+      wgmma::Mma<T, 64, 1, 1>::run(dq, dsc<VAR>(dsb + ao + kk * 2048, BN * 128, 1024),
+                                   dsc<VAR>(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(dq);

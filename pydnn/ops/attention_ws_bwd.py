@@ -93,10 +93,10 @@ DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
 
 # bwd_ws's VAR (ptx/attention_ws_bwd.cu kVar*), tuning.attention_bwd.WS_VAR: benchmark variants of the default
 # modes (first-use instantiations, pydnn/_build/rare.py): "branchy" the exponentials' loop as it was before session 33
-# (the A/B of its replacement), "emu2" two eighths of an unmasked tile's exponentials by exp2_poly; the probes
+# (the A/B of its replacement), "olddesc" the wgmma descriptors as before session 33 (the A/B of dsc), "emu2" two eighths of an unmasked tile's exponentials by exp2_poly; the probes
 # (timing only: their results are wrong) "noexp" (no exponential), "nored" (no dQ bulk reductions), "noload" (Q /
 # dO loaded for the first stages only): what each part of a tile costs.
-VARS = {"branchy": 1, "emu2": 4, "noexp": 16, "nored": 32, "noload": 64}
+VARS = {"branchy": 1, "emu2": 4, "noexp": 16, "nored": 32, "noload": 64, "olddesc": 256}
 VAR_CASES = ((64, "bulk"), (128, "bulk"), (128, "bulkwpp"))
 
 
