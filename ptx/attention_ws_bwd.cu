@@ -166,7 +166,13 @@ constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) bo
 // only, wrong results): kVarNoExp no exponential at all (P = the scaled score), kVarNoRed the dQ tile's bulk
 // reductions not issued, kVarNoLoad Q / dO loaded for the first STAGES tiles only (the ring's later phases complete
 // on the producer's arrivals alone).
-constexpr int kVarBranchy = 1, kVarNoExp = 16, kVarNoRed = 32, kVarNoLoad = 64;
+// kVarGhost: a warpgroup whose 64 keys no query of the tile sees (causal: its first key past the tile's last
+// query's diagonal, d 128's first tile of each CTA's walk, 10% of the warpgroup tiles at s 512; or every key past
+// the length) issues no S^T / dP^T wgmma and no exponential: P^T = dS^T = 0 (dV / dK still issued, on zero A
+// fragments, and dS^T's zero half written for the dQ wgmmas). The skipped part is one self-contained wgmma region
+// (issue to wait inside the branch): ptxas serializes every wgmma of the kernel when a region crosses a divergent
+// branch (C7519, and 384-604 bytes of spills, tried).
+constexpr int kVarBranchy = 1, kVarNoExp = 16, kVarNoRed = 32, kVarNoLoad = 64, kVarGhost = 128;
 
 // P^T = 2^(S^T scale_log2 - lse) in place for a warpgroup's m64nBMk16 accumulator (element 4 j + 2 hh + e: key
 // key0 + 8 hh, query m0 + 8 j + 2 q4 + e; lt the tile's lse in log2 units [BM]). The masked form keeps every
@@ -174,8 +180,8 @@ constexpr int kVarBranchy = 1, kVarNoExp = 16, kVarNoRed = 32, kVarNoLoad = 64;
 // an unmasked tile's rows all see a key, and rows past the tensor have lse +inf -> 2^-126 against dO = 0 rows
 // and dsum 0, so dV / dK / dQ get exact zeros from them).
 template <int VAR, int N>
-__device__ __forceinline__ void bwd_exp(bool masked, float (&sc)[N], const float* lt, float scale_log2, int q4, int key0,
-                                        int m0, const Seq& sq) {
+__device__ __forceinline__ void bwd_exp(bool masked, float (&sc)[N], const float* lt, float scale_log2, int q4,
+                                        int key0, int m0, const Seq& sq) {
   constexpr int EMU = (VAR >> 1) & 7;
   if (masked) {
     // key key0 + 8 hh is past the length when 8 hh > kl, past query m0 + 8 j + 2 q4 + e's diagonal when
@@ -427,7 +433,17 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
     // S^T = K Q^T and dP^T = V dO^T (64 keys x BM queries each; k16 steps along d: slab kk / 4 of the
     // tiles, 32 bytes per step within the swizzled rows)
     float sc[BM / 2], dp[BM / 2];
+    unsigned pa[BM / 16][4], da[BM / 16][4];
+    const float* dt = sDs + s * BM;
+    const bool ghost = (VAR & kVarGhost) && ((sq.causal && wkey > m0 + BM - 1 + sq.offset) || wkey >= sq.len_kv);
     if (PP) tma::named_sync(kBarTurn + cw, 256);
+    if (ghost) {
+      if (PP) attn::bar_arrive(kBarTurn + (cw ^ 1), 256);
+#pragma unroll
+      for (int ks = 0; ks < BM / 16; ++ks)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) pa[ks][c] = da[ks][c] = 0u;
+    } else {
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -449,7 +465,6 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
     const int key0 = wkey + warp * 16 + g;
     const bool need_mask = (sq.causal && wkey + 63 > m0 + sq.offset) || wkey + 63 >= sq.len_kv;
     const float* lt = sL + s * BM;
-    const float* dt = sDs + s * BM;
     if constexpr ((VAR & kVarBranchy) != 0) {
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j) {
@@ -474,8 +489,8 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
     }
     wgmma::wait<0>();
     wgmma::fence_operands(dp);
-    unsigned pa[BM / 16][4], da[BM / 16][4];
     attn::bwd_ds_pack<T, BM>(sc, dp, dt, q4, pa, da);  // dS^T, P^T and dS^T packed (common/attn_bwd_tile.cuh)
+    }
 
     // dV += P^T dO, dK += dS^T Q (B MN-major: k16 step = 16 query rows = 2048 bytes; LBO the slab stride).
     // ATOMIC: three groups, dV, dQ, dK: dV runs while dS^T is stored and the warpgroups meet, dK while dQ

@@ -680,8 +680,9 @@ attention_bwd = Switches(
                     '0.839), 6 points 0.783 -> 0.832x'),
     WS_VAR=(None, 'benchmark variants of the warp-specialized backward\'s default kernels (d 64 / 128, "bulk" and '
                   '"bulkwpp"; pydnn/ops/attention_ws_bwd.py VARS, first-use units): "branchy" (the exponentials\' loop '
-                  'before session 33), "olddesc" (its wgmma descriptors before session 33), "emu2" (2 eighths by polynomial), the probes "noexp" / "nored" / "noload" (wrong '
-                  'results: timing only); None: the default kernels'),
+                  'before session 33), "olddesc" (its wgmma descriptors before session 33), "ghost" (a warpgroup '
+                  'tile no query sees skips its S^T / dP^T and exponentials), "emu2" (2 eighths by polynomial), the '
+                  'probes "noexp" / "nored" / "noload" (wrong results: timing only); None: the default kernels'),
     WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
                   'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '
                   '(d128 causal) to 1.01x'),

@@ -4,7 +4,8 @@ chosen variant list), cuDNN SDPA in the same run:
   python3 tools/bench_attention_bwd.py [--shapes 4x4096x32x32x128,...] [--variants bulk,bulk+ord,...]
                                        [--det 0] [--reps N] [--out FILE]
 
-A variant "default+<v>" or "<mode>+<v>" runs tuning.attention_bwd.WS_VAR = <v> (pydnn/ops/attention_ws_bwd.py VARS: "branchy",
+A variant "default+<v>" or "<mode>+<v>" runs tuning.attention_bwd.WS_VAR = <v> (pydnn/ops/attention_ws_bwd.py VARS:
+"branchy",
 the exponentials' loop before session 33; "emu2"; the probes "noexp", "nored", "noload", whose results are wrong).
 A variant ending in "+np" runs the backward's memory passes in attention.cu's form (tuning.attention_bwd.PREP_VEC
 off: bwd_pre / bwd_dq_convert, a warp a row) instead of ptx/attention_prep.cu's. A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)

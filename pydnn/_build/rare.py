@@ -126,7 +126,8 @@ RULES = (
          "forward stays: ConvolutionBiasActivationForward runs 1x1 layers on it, tests/kernels/"
          "test_install_choices_cpu.py)", at=(90,)),
     Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,]+, \d+, (1|3|4|7), ",
-         "bwd_ws's red / redpp / bulkw / bulkwpp1 dQ modes: tuning.attention_bwd.WS_DQ's other values (the defaults run "
+         "bwd_ws's red / redpp / bulkw / bulkwpp1 dQ modes: tuning.attention_bwd.WS_DQ's other values (the defaults "
+         "run "
          "\"bulk\", \"bulkwpp\" under a causal mask at d 128 (WS_DQ_CAUSAL), and \"none\" when deterministic)"),
     Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws_var<",
          "bwd_ws's benchmark variants and probes (VAR != 0): only tuning.attention_bwd.WS_VAR runs them"),

@@ -71,7 +71,8 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # run "bulk"): bulkwpp's two fp32 dQ tiles of 128 x 64 put d 64 at 232568 bytes, past the 232448 an sm_90
 # block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
 # (attention_ws_bwd.cu's writer).
-# "bulkwpp1" (session 33): bulkwpp with one dQ tile (fits d 64: the ping-pong there; ptx/attention_ws_bwd.cu kDqBulkWPP1).
+# "bulkwpp1" (session 33): bulkwpp with one dQ tile (fits d 64: the ping-pong there; ptx/attention_ws_bwd.cu
+# kDqBulkWPP1).
 DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5, "bulkw2": 6, "bulkwpp1": 7}
 # d 256 (bwd_ws256): the modes instantiated, "none" (deterministic) and the atomic ones tuning.attention_bwd.
 # WS_DQ_D256 picks from (a value not listed runs the first atomic one). The kernel has three: "red"
@@ -93,10 +94,12 @@ DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
 
 # bwd_ws's VAR (ptx/attention_ws_bwd.cu kVar*), tuning.attention_bwd.WS_VAR: benchmark variants of the default
 # modes (first-use instantiations, pydnn/_build/rare.py): "branchy" the exponentials' loop as it was before session 33
-# (the A/B of its replacement), "olddesc" the wgmma descriptors as before session 33 (the A/B of dsc), "emu2" two eighths of an unmasked tile's exponentials by exp2_poly; the probes
+# (the A/B of its replacement), "olddesc" the wgmma descriptors as before session 33 (the A/B of dsc), "ghost" no
+# S^T / dP^T wgmma and no exponential for a warpgroup whose keys no query of the tile sees (d 128 causal), "emu2" two
+# eighths of an unmasked tile's exponentials by exp2_poly; the probes
 # (timing only: their results are wrong) "noexp" (no exponential), "nored" (no dQ bulk reductions), "noload" (Q /
 # dO loaded for the first stages only): what each part of a tile costs.
-VARS = {"branchy": 1, "emu2": 4, "noexp": 16, "nored": 32, "noload": 64, "olddesc": 256}
+VARS = {"branchy": 1, "emu2": 4, "noexp": 16, "nored": 32, "noload": 64, "ghost": 128, "olddesc": 256}
 VAR_CASES = ((64, "bulk"), (128, "bulk"), (128, "bulkwpp"))
 
 
@@ -161,7 +164,8 @@ def kernel_units():
     return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
                        tuple(_expr(tag, d, m) for d in _dims() for m in DQ_MODES if d in MODE_DIMS.get(m, (d,)))
                        + tuple(_expr(tag, d, m, st) for d, m, st in DEEP)
-                       + tuple(_expr(tag, d, m, STAGES, v) for d, m in VAR_CASES if d in _dims() for v in VARS.values()),
+                       + tuple(_expr(tag, d, m, STAGES, v) for d, m in VAR_CASES if d in _dims()
+                               for v in VARS.values()),
                        archs=(ARCH + "a",))
             for tag in TAGS]
 

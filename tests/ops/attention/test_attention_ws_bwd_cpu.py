@@ -37,7 +37,7 @@ def test_units():
                            + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3))
                            + tuple(WSB._expr(t, d, m, 2, v) for d, m in ((64, "bulk"), (128, "bulk"), (128, "bulkwpp"))
-                                   for v in (1, 4, 16, 32, 64, 256)))
+                                   for v in (1, 4, 16, 32, 64, 128, 256)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("bf16", 64, "bulk", 2, 4) == "pydnn::attn_wsb::bwd_ws_var<pydnn::bf16_t, 64, 2, 2, 4>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
