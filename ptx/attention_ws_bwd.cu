@@ -54,7 +54,6 @@
 //     tile t in buffer t & 1, dqfull / dqempty per buffer (parities (t >> 1) & 1, the consumers' ^ 1).
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
-#include "common/attn_exp2.cuh"
 #include "common/attn_pipe.cuh"
 #include "common/attn_problem.cuh"
 #include "common/attn_bwd_tile.cuh"
@@ -158,31 +157,21 @@ constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ h
 constexpr int kBarTurn = 3;    // named barriers 3, 4 (kDqRedPP): consumer warpgroup 0's / 1's turn to issue S^T, dP^T
 constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) both warpgroups' dK done
 
-// VAR (bwd_ws_var's last template argument; bwd_ws is VAR 0: tuning.attention_bwd.WS_VAR's benchmark
-// variants, first-use instantiations): kVarBranchy the exponentials' loop as it was before session 33 (the
-// mask test inside it, per element: ptxas made a branch and a convergence barrier of each of the 64 (d 64) / 32
-// elements a thread, ~11 SASS instructions an element on unmasked tiles where 2 do); EMU = (VAR >> 1) & 7
-// eighths of an unmasked tile's exponentials by exp2_poly (the FMA pipe) instead of MUFU.EX2; the probes (timing
-// only, wrong results): kVarNoExp no exponential at all (P = the scaled score), kVarNoRed the dQ tile's bulk
-// reductions not issued, kVarNoLoad Q / dO loaded for the first STAGES tiles only (the ring's later phases complete
-// on the producer's arrivals alone).
-// kVarGhost: a warpgroup whose 64 keys no query of the tile sees (causal: its first key past the tile's last
-// query's diagonal, d 128's first tile of each CTA's walk, 10% of the warpgroup tiles at s 512; or every key past
-// the length) issues no S^T / dP^T wgmma and no exponential: P^T = dS^T = 0 (dV / dK still issued, on zero A
-// fragments, and dS^T's zero half written for the dQ wgmmas). The skipped part is one self-contained wgmma region
-// (issue to wait inside the branch): ptxas serializes every wgmma of the kernel when a region crosses a divergent
-// branch (C7519, and 384-604 bytes of spills, tried).
-constexpr int kVarBranchy = 1, kVarNoExp = 16, kVarNoRed = 32, kVarNoLoad = 64, kVarGhost = 128;
+// VAR (bwd_ws_var's last template argument; bwd_ws is VAR 0): tuning.attention_bwd.WS_VAR's probes, first-use
+// instantiations that time a tile without one of its parts (wrong results): kVarNoExp no exponential (P = the scaled
+// score), kVarNoRed the dQ tile's bulk reductions not issued, kVarNoLoad Q / dO loaded for the first STAGES tiles only
+// (the ring's later phases complete on the producer's arrivals alone).
+constexpr int kVarNoExp = 1, kVarNoRed = 2, kVarNoLoad = 4;
 
-// P^T = 2^(S^T scale_log2 - lse) in place for a warpgroup's m64nBMk16 accumulator (element 4 j + 2 hh + e: key
-// key0 + 8 hh, query m0 + 8 j + 2 q4 + e; lt the tile's lse in log2 units [BM]). The masked form keeps every
-// element on MUFU (-inf must give 0); the unmasked one sends EMU eighths (j % 8 < EMU) to exp2_poly (x finite:
-// an unmasked tile's rows all see a key, and rows past the tensor have lse +inf -> 2^-126 against dO = 0 rows
-// and dsum 0, so dV / dK / dQ get exact zeros from them).
+// P^T = 2^(S^T scale_log2 - lse) in place for a warpgroup's m64nNk16 accumulator (element 4 j + 2 hh + e: key
+// key0 + 8 hh, query m0 + 8 j + 2 q4 + e; lt the tile's lse in log2 units). One warpgroup-uniform branch around two
+// straight loops: the mask tested per element inside one loop (as before session 33) made ptxas branch around each
+// element with a convergence barrier (BSSY / BRA / BSYNC: ~11 SASS instructions an element on unmasked tiles where
+// FFMA + MUFU do, and no scheduling across elements); H200, session 33: the backward +10-15% at d 64, +6-8% at d 128
+// (tools/PERF.md).
 template <int VAR, int N>
 __device__ __forceinline__ void bwd_exp(bool masked, float (&sc)[N], const float* lt, float scale_log2, int q4,
                                         int key0, int m0, const Seq& sq) {
-  constexpr int EMU = (VAR >> 1) & 7;
   if (masked) {
     // key key0 + 8 hh is past the length when 8 hh > kl, past query m0 + 8 j + 2 q4 + e's diagonal when
     // 8 hh - 8 j - e > qd: one ISETP against an immediate an element (the || of the plain test made branches)
@@ -206,27 +195,10 @@ __device__ __forceinline__ void bwd_exp(bool masked, float (&sc)[N], const float
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float x = fmaf(sc[4 * j + i], scale_log2, -((i & 1) ? lv.y : lv.x));
-        if constexpr ((VAR & kVarNoExp) != 0)
-          sc[4 * j + i] = x;
-        else
-          sc[4 * j + i] = (j % 8) < EMU ? attn::exp2_poly(x) : exp2_fast(x);
+        sc[4 * j + i] = (VAR & kVarNoExp) ? x : exp2_fast(x);
       }
     }
   }
-}
-
-// kVarOldDesc (the A/B of dsc): the wgmma descriptors by wgmma::desc_sw128, as before session 33.
-constexpr int kVarOldDesc = 256;
-
-// wgmma::desc_sw128 without the address mask and with + for |: the same descriptor for every shared address below
-// 2^18 (sm_90's are below 228 KiB + 1 KiB), but ptxas folds a constant offset from a base of known alignment (sb is
-// 1024-aligned) into one add where it masked, shifted and or-ed each k-step's address again: executed SASS a tile a
-// warp (unmasked, nvdisasm) d 64 812 -> 726, d 128 688 -> 585.
-template <int VAR>
-__device__ __forceinline__ unsigned long long dsc(unsigned addr, unsigned lbo, unsigned sbo) {
-  if constexpr ((VAR & kVarOldDesc) != 0) return wgmma::desc_sw128(addr, lbo, sbo);
-  return (unsigned long long)(addr >> 4) + ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) +
-         ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32) + (1ull << 62);
 }
 
 // The kernel's body: bwd_ws<T, D, DQ, STAGES> (VAR 0) and bwd_ws_var<..., VAR> (a kernel of its own, so the
@@ -433,28 +405,18 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
     // S^T = K Q^T and dP^T = V dO^T (64 keys x BM queries each; k16 steps along d: slab kk / 4 of the
     // tiles, 32 bytes per step within the swizzled rows)
     float sc[BM / 2], dp[BM / 2];
-    unsigned pa[BM / 16][4], da[BM / 16][4];
-    const float* dt = sDs + s * BM;
-    const bool ghost = (VAR & kVarGhost) && ((sq.causal && wkey > m0 + BM - 1 + sq.offset) || wkey >= sq.len_kv);
     if (PP) tma::named_sync(kBarTurn + cw, 256);
-    if (ghost) {
-      if (PP) attn::bar_arrive(kBarTurn + (cw ^ 1), 256);
-#pragma unroll
-      for (int ks = 0; ks < BM / 16; ++ks)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) pa[ks][c] = da[ks][c] = 0u;
-    } else {
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const unsigned ko = (kk >> 2) * (BN * 128) + cw * (64 * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      wgmma::Mma<T, BM, 0, 0>::run(sc, dsc<VAR>(sK + ko, 16, 1024), dsc<VAR>(q_s + qo, 16, 1024), kk > 0);
+      wgmma::Mma<T, BM, 0, 0>::run(sc, wgmma::desc_sw128(sK + ko, 16, 1024), wgmma::desc_sw128(q_s + qo, 16, 1024), kk > 0);
     }
     wgmma::commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const unsigned ko = (kk >> 2) * (BN * 128) + cw * (64 * 128) + (kk & 3) * 32, qo = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      wgmma::Mma<T, BM, 0, 0>::run(dp, dsc<VAR>(sV + ko, 16, 1024), dsc<VAR>(do_s + qo, 16, 1024), kk > 0);
+      wgmma::Mma<T, BM, 0, 0>::run(dp, wgmma::desc_sw128(sV + ko, 16, 1024), wgmma::desc_sw128(do_s + qo, 16, 1024), kk > 0);
     }
     wgmma::commit();
     if (PP) attn::bar_arrive(kBarTurn + (cw ^ 1), 256);
@@ -465,32 +427,12 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
     const int key0 = wkey + warp * 16 + g;
     const bool need_mask = (sq.causal && wkey + 63 > m0 + sq.offset) || wkey + 63 >= sq.len_kv;
     const float* lt = sL + s * BM;
-    if constexpr ((VAR & kVarBranchy) != 0) {
-#pragma unroll
-      for (int j = 0; j < BM / 8; ++j) {
-        const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int idx = 4 * j + 2 * hh + e;
-            float x = sc[idx];
-            if (need_mask) {
-              const int key = key0 + 8 * hh, qi = m0 + j * 8 + 2 * q4 + e;
-              if (key >= sq.len_kv || (sq.causal && key > qi + sq.offset)) x = -kInf;
-            }
-            sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
-          }
-      }
-    } else {
-      // One uniform branch around two straight loops (the mask test per element made 64 / 32 branches,
-      // VAR's comment): unmasked tiles FFMA + MUFU an element (EMU eighths exp2_poly), masked ones an FSEL more.
-      bwd_exp<VAR>(need_mask, sc, lt, p.scale_log2, q4, key0, m0, sq);
-    }
+    const float* dt = sDs + s * BM;
+    bwd_exp<VAR>(need_mask, sc, lt, p.scale_log2, q4, key0, m0, sq);
     wgmma::wait<0>();
     wgmma::fence_operands(dp);
+    unsigned pa[BM / 16][4], da[BM / 16][4];
     attn::bwd_ds_pack<T, BM>(sc, dp, dt, q4, pa, da);  // dS^T, P^T and dS^T packed (common/attn_bwd_tile.cuh)
-    }
 
     // dV += P^T dO, dK += dS^T Q (B MN-major: k16 step = 16 query rows = 2048 bytes; LBO the slab stride).
     // ATOMIC: three groups, dV, dQ, dK: dV runs while dS^T is stored and the warpgroups meet, dK while dQ
@@ -498,11 +440,11 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < BM / 16; ++ks)
-      wgmma::MmaRS<T, D, 1>::run(dv, pa[ks], dsc<VAR>(do_s + ks * 2048, BM * 128, 1024), 1);
+      wgmma::MmaRS<T, D, 1>::run(dv, pa[ks], wgmma::desc_sw128(do_s + ks * 2048, BM * 128, 1024), 1);
     if constexpr (!ATOMIC) {
 #pragma unroll
       for (int ks = 0; ks < BM / 16; ++ks)
-        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], dsc<VAR>(q_s + ks * 2048, BM * 128, 1024), 1);
+        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
     }
     wgmma::commit();
 
@@ -540,12 +482,12 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma::Mma<T, 64, 1, 1>::run(dq, dsc<VAR>(dsb + ao + kk * 2048, BN * 128, 1024),
-                                     dsc<VAR>(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
+        wgmma::Mma<T, 64, 1, 1>::run(dq, wgmma::desc_sw128(dsb + ao + kk * 2048, BN * 128, 1024),
+                                     wgmma::desc_sw128(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
       wgmma::commit();
 #pragma unroll
       for (int ks = 0; ks < BM / 16; ++ks)
-        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], dsc<VAR>(q_s + ks * 2048, BM * 128, 1024), 1);
+        wgmma::MmaRS<T, D, 1>::run(dk, da[ks], wgmma::desc_sw128(q_s + ks * 2048, BM * 128, 1024), 1);
       wgmma::commit();
       wgmma::wait<1>();  // dV and dQ done; dK may run on
       wgmma::fence_operands(dq);
@@ -603,8 +545,8 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma::Mma<T, 64, 1, 1>::run(dq, dsc<VAR>(dsb + ao + kk * 2048, BN * 128, 1024),
-                                   dsc<VAR>(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
+      wgmma::Mma<T, 64, 1, 1>::run(dq, wgmma::desc_sw128(dsb + ao + kk * 2048, BN * 128, 1024),
+                                   wgmma::desc_sw128(sK + bo + kk * 2048, BN * 128, 1024), kk > 0);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(dq);
@@ -624,6 +566,7 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
   // the additions' completion is not waited for, see the writer)
   if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();
 }
+
 template <class T, int D, int DQ, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)

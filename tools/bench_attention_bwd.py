@@ -4,11 +4,11 @@ chosen variant list), cuDNN SDPA in the same run:
   python3 tools/bench_attention_bwd.py [--shapes 4x4096x32x32x128,...] [--variants bulk,bulk+ord,...]
                                        [--det 0] [--reps N] [--out FILE]
 
-A variant "default+<v>" or "<mode>+<v>" runs tuning.attention_bwd.WS_VAR = <v> (pydnn/ops/attention_ws_bwd.py VARS:
-"branchy",
-the exponentials' loop before session 33; "emu2"; the probes "noexp", "nored", "noload", whose results are wrong).
+A variant "default+<v>" or "<mode>+<v>" runs tuning.attention_bwd.WS_VAR = <v> (pydnn/ops/attention_ws_bwd.py VARS: the
+probes "noexp", "nored", "noload", whose results are wrong: what a part of the tile costs). "<name>#<n>" repeats a
+variant under another column name (the run's drift; the column right after cuDNN reads low on long points).
 A variant ending in "+np" runs the backward's memory passes in attention.cu's form (tuning.attention_bwd.PREP_VEC
-off: bwd_pre / bwd_dq_convert, a warp a row) instead of ptx/attention_prep.cu's. A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)
+off: bwd_pre / bwd_dq_convert, a warp a row) instead of ptx/attention_prep.cu's. A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "bulkwpp1", "red", "redpp"; WS_DQ_CAUSAL off)
 with optional "+ord" (tuning.attention_bwd.WS_ORDER: the longest-walk-first 1-d grid) and "+3st" (WS_STAGES 3
 where instantiated, d 128 bulk / bulkw), or "old" (the older wgmma kernel), or "default" (tuning's defaults). TFLOP/s count 2.5x the forward's
 FLOPs (half under the causal mask).

@@ -66,7 +66,7 @@ def _expr(tag, d, pp=True, tma=False, stages=None, bn=None, qs=1, emu=0, rot=Fal
 # only after both warpgroups' epilogues, so each unit starts with a copy's latency and a lone S: about 1-2k
 # clocks a unit, 10-30% of a causal s 512 / 1024 unit's 2-8 tile pairs of ~2k clocks (prediction).
 # Polynomial exponentials (WS_EMU, units attention.ws.emu.<tag>, TMA only, with two Q buffers): EMU eighths
-# of an unmasked tile's exp2 on the FMA pipe (ptx/common/attn_exp2.cuh exp2_poly); at d 64 a tile's 64 MUFU.EX2 a
+# of an unmasked tile's exp2 on the FMA pipe (ptx/attention_ws.cu exp2_poly); at d 64 a tile's 64 MUFU.EX2 a
 # thread occupy the special-function units as long as its two GEMMs the tensor cores.
 # Rotated key order (WS_ROT, units attention.ws.rot.<tag>, TMA with two Q buffers, non-causal calls): a
 # unit's key tiles from tile blockIdx.x % nt on, so that the CTAs on one head do not all read the same K / V

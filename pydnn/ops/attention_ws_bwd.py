@@ -72,7 +72,7 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
 # (attention_ws_bwd.cu's writer).
 # "bulkwpp1" (session 33): bulkwpp with one dQ tile (fits d 64: the ping-pong there; ptx/attention_ws_bwd.cu
-# kDqBulkWPP1).
+# kDqBulkWPP1); the default of WS_DQ and, at d 64, of WS_DQ_CAUSAL's bulkwpp (dq_mode).
 DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5, "bulkw2": 6, "bulkwpp1": 7}
 # d 256 (bwd_ws256): the modes instantiated, "none" (deterministic) and the atomic ones tuning.attention_bwd.
 # WS_DQ_D256 picks from (a value not listed runs the first atomic one). The kernel has three: "red"
@@ -92,15 +92,12 @@ SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attent
 DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
 
 
-# bwd_ws's VAR (ptx/attention_ws_bwd.cu kVar*), tuning.attention_bwd.WS_VAR: benchmark variants of the default
-# modes (first-use instantiations, pydnn/_build/rare.py): "branchy" the exponentials' loop as it was before session 33
-# (the A/B of its replacement), "olddesc" the wgmma descriptors as before session 33 (the A/B of dsc), "ghost" no
-# S^T / dP^T wgmma and no exponential for a warpgroup whose keys no query of the tile sees (d 128 causal), "emu2" two
-# eighths of an unmasked tile's exponentials by exp2_poly; the probes
-# (timing only: their results are wrong) "noexp" (no exponential), "nored" (no dQ bulk reductions), "noload" (Q /
-# dO loaded for the first stages only): what each part of a tile costs.
-VARS = {"branchy": 1, "emu2": 4, "noexp": 16, "nored": 32, "noload": 64, "ghost": 128, "olddesc": 256}
-VAR_CASES = ((64, "bulk"), (128, "bulk"), (128, "bulkwpp"))
+# bwd_ws's VAR (ptx/attention_ws_bwd.cu kVar*), tuning.attention_bwd.WS_VAR: probes of the default modes (first-use
+# instantiations, pydnn/_build/rare.py; timing only, their results are wrong): "noexp" (no exponential), "nored" (no dQ
+# bulk reductions), "noload" (Q / dO loaded for the first stages only): what each part of a tile costs. (Session 33's
+# A/B variants, the old exponentials' loop, the old descriptors, ghost tiles and exp2_poly eighths: tools/PERF.md.)
+VARS = {"noexp": 1, "nored": 2, "noload": 4}
+VAR_CASES = ((64, "bulkwpp1"), (128, "bulkwpp1"), (128, "bulkwpp"))
 
 
 def var_of(d, mode, stages):
@@ -121,14 +118,17 @@ def stages_of(d, mode):
 
 def dq_mode(atomic, d=128, causal=False):
     """The kernel's DQ argument: "none" (deterministic: the older dQ pass), else tuning.attention_bwd.WS_DQ, or
-    under a causal mask WS_DQ_CAUSAL when set ("bulk" for a mode not instantiated at head dim d: MODE_DIMS)."""
+    under a causal mask WS_DQ_CAUSAL when set (for a mode not instantiated at head dim d, MODE_DIMS: bulkwpp's
+    one-tile form bulkwpp1 for bulkwpp, "bulk" for the others)."""
     if not atomic:
         return "none"
     if d == 256:
         m = tuning.attention_bwd.WS_DQ_D256
         return m if m in D256_MODES else D256_MODES[1]
     m = (causal and tuning.attention_bwd.WS_DQ_CAUSAL) or tuning.attention_bwd.WS_DQ
-    return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
+    if d in MODE_DIMS.get(m, INSTANTIATED):
+        return m
+    return "bulkwpp1" if m == "bulkwpp" and d in MODE_DIMS["bulkwpp1"] else "bulk"
 
 
 def _expr(tag, d, mode, stages=STAGES, var=0):

@@ -36,10 +36,10 @@ def test_units():
                                  if (d, m) != (64, "bulkwpp"))
                            + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3))
-                           + tuple(WSB._expr(t, d, m, 2, v) for d, m in ((64, "bulk"), (128, "bulk"), (128, "bulkwpp"))
-                                   for v in (1, 4, 16, 32, 64, 128, 256)))
+                           + tuple(WSB._expr(t, d, m, 2, v) for d, m in ((64, "bulkwpp1"), (128, "bulkwpp1"), (128, "bulkwpp"))
+                                   for v in (1, 2, 4)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
-    assert WSB._expr("bf16", 64, "bulk", 2, 4) == "pydnn::attn_wsb::bwd_ws_var<pydnn::bf16_t, 64, 2, 2, 4>"
+    assert WSB._expr("bf16", 64, "bulkwpp1", 2, 4) == "pydnn::attn_wsb::bwd_ws_var<pydnn::bf16_t, 64, 7, 2, 4>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
     assert WSB._expr("bf16", 128, "bulkw", 3) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 4, 3>"
     assert WSB._expr("f16", 256, "red") == "pydnn::attn_wsb::bwd_ws256<pydnn::half_t, 1>"
@@ -150,21 +150,21 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
     assert names == (["bwd_pre_v", "bwd_ws", "bwd_dq_wg"] if det else ["bwd_pre_v", "bwd_ws", "bwd_dq_convert_v"])
     ws = on[1]
     tag = "bf16" if dtype == BF16 else "f16"
-    mode = "none" if det else "bulk" if (d, dq) == (64, "bulkwpp") else dq
+    mode = "none" if det else "bulkwpp1" if (d, dq) == (64, "bulkwpp") else dq
     assert ws["f"] == WSB._expr(tag, d, mode)
     assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d, 2, mode)
 
 
 @pytest.mark.parametrize("var", sorted(WSB.VARS))
-@pytest.mark.parametrize("d, dq, mask", [(64, "bulk", NONE), (64, "bulkwpp", TL), (128, "bulk", NONE),
-                                         (128, "bulkwpp", TL), (128, "red", NONE), (256, "bulkw", TL)])
+@pytest.mark.parametrize("d, dq, mask", [(64, "bulkwpp1", NONE), (64, "bulkwpp", TL), (128, "bulkwpp1", NONE),
+                                         (128, "bulkwpp", TL), (128, "bulk", NONE), (256, "bulkw", TL)])
 def test_dispatch_var(on, monkeypatch, var, d, dq, mask):
-    """tuning.attention_bwd.WS_VAR picks bwd_ws<..., VAR> for VAR_CASES' (d, mode) pairs (d 64's bulkwpp runs
-    bulk: a VAR case), the default kernel elsewhere (another mode, d 256, deterministic), and refuses a name
-    that is not a variant."""
+    """tuning.attention_bwd.WS_VAR picks bwd_ws_var<..., VAR> for VAR_CASES' (d, mode) pairs (d 64's bulkwpp runs
+    bulkwpp1: a VAR case), the default kernel elsewhere (another mode, d 256, deterministic), and refuses a name
+    that is not a probe."""
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     monkeypatch.setattr(tuning.attention_bwd, "WS_VAR", var)
-    mode = "bulk" if (d, dq) == (64, "bulkwpp") else dq
+    mode = "bulkwpp1" if (d, dq) == (64, "bulkwpp") else dq
     for det in (0, 1):
         del on[:]
         _bwd(d=d, det=det, mask=mask)
@@ -174,7 +174,7 @@ def test_dispatch_var(on, monkeypatch, var, d, dq, mask):
         assert (v == 0) == ("bwd_ws_var<" not in on[1]["f"]) and (v == 0 or on[1]["f"].endswith(f", {v}>"))
     monkeypatch.setattr(tuning.attention_bwd, "WS_VAR", "nope")
     with pytest.raises(ValueError, match="WS_VAR"):
-        WSB.var_of(64, "bulk", 2)
+        WSB.var_of(64, "bulkwpp1", 2)
 
 
 @pytest.mark.parametrize("order", [False, True])
@@ -236,7 +236,7 @@ def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
     monkeypatch.setattr(tuning.attention_bwd, "WS_STAGES", stages)
     _bwd(d=d, det=det, mask=TL)
     ws = on[1]
-    mode = "none" if det else "bulk" if (d, dq) == (64, "bulkwpp") else dq
+    mode = "none" if det else "bulkwpp1" if (d, dq) == (64, "bulkwpp") else dq
     st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw") else 2
     assert ws["f"] == WSB._expr("bf16", d, mode, st) and ws["smem"] == WSB.smem_bytes(d, st, mode)
     assert ws["grid"] == ((5 * 2 * 2, 1, 1) if order else (5, 2, 2))
@@ -891,17 +891,18 @@ def test_tiling_emulated_matches_the_reference(mask, case):
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
     """With the defaults (measured faster than bwd_dkdv_wg on the H200: HEAD_DIMS, HEAD_DIMS_DET), an sm_90
-    d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by bulk tensor reductions, WS_DQ's
-    default; under a causal mask WS_DQ_CAUSAL's bulkwpp), as the ordered 1-d grid (WS_ORDER) with 2 stages."""
+    d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by bulk tensor reductions with the ping-pong and
+    one dQ tile, WS_DQ's default bulkwpp1; under a causal mask WS_DQ_CAUSAL's bulkwpp, at d 64 its one-tile form
+    bulkwpp1), as the ordered 1-d grid (WS_ORDER) with 2 stages."""
     monkeypatch.setattr(WSB, "maps", lambda tag, d, p, mode="none": WSB.Maps())
-    assert tuning.attention_bwd.WS and tuning.attention_bwd.WS_DQ == "bulk"
+    assert tuning.attention_bwd.WS and tuning.attention_bwd.WS_DQ == "bulkwpp1"
     assert tuning.attention_bwd.WS_DQ_CAUSAL == "bulkwpp" and tuning.attention_bwd.WS_ORDER
     assert tuning.attention_bwd.WS_STAGES == 2
     assert d in WSB.HEAD_DIMS and d in WSB.HEAD_DIMS_DET
     for mask in (NONE, TL, BR):
         del launches[:]
         _bwd(d=d, det=det, mask=mask)
-        mode = "none" if det else "bulk" if mask == NONE or d == 64 else "bulkwpp"  # (d 64: bulkwpp does not fit)
+        mode = "none" if det else "bulkwpp1" if mask == NONE or d == 64 else "bulkwpp"  # (d 64: bulkwpp does not fit)
         mode = tuning.attention_bwd.WS_DQ_D256 if d == 256 and not det else mode  # (d 256: bwd_ws256)
         assert d != 256 or mode in WSB.D256_MODES
         assert launches[1]["f"] == WSB._expr("bf16", d, mode)

@@ -102,22 +102,6 @@ def test_backward_ws_long(handle, rng, wsb, monkeypatch, mask, case, dq):
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb)
 
 
-@pytest.mark.parametrize("var", ["branchy", "emu2", "ghost"])
-@pytest.mark.parametrize("dq", ["bulk", "bulkwpp"])
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
-@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
-@pytest.mark.parametrize("case", CASES[:2] + LONG_CASES[1:3], ids=IDS[:2] + LONG_IDS[1:3])
-def test_backward_ws_var(handle, rng, wsb, monkeypatch, dtype, mask, case, dq, var):
-    """tuning.attention_bwd.WS_VAR's result-keeping variants of the default kernels (d 64 "bulk" only: bulkwpp
-    runs bulk there): "branchy" (the exponentials' loop before session 33), "emu2" (2 eighths of an unmasked
-    tile's exponentials by exp2_poly, relative error 7.5e-5: the same tolerances), "ghost" (a warpgroup tile no query
-    sees skips its S^T / dP^T and exponentials: the causal d 128 cases, and 70 x 200's key block past the length)."""
-    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
-    monkeypatch.setattr(tuning.attention_bwd, "WS_VAR", var)
-    b, hq, hkv, sq, skv, d, layout = case
-    _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, dtype, mask, layout), wsb, modes=(0,))
-
-
 ORDER_CASES = [  # 1-d grid chunks of 4 (K/V head, batch) pairs: 6 pairs (4 + a partial 2), 3 pairs, 16
     (2, 6, 3, 300, 333, 128, "bshd"),   # GQA 2, 3 key blocks
     (3, 2, 1, 200, 400, 64, "bhsd"),    # MQA, more keys than queries

@@ -157,7 +157,7 @@ def test_dispatch(launches, monkeypatch, d, over, mask, expr, tma):
 
 
 def _exp2_poly(x):
-    """ptx/common/attn_exp2.cuh exp2_poly in float32, step by step (round to nearest, fmaf as float64 then
+    """ptx/attention_ws.cu exp2_poly in float32, step by step (round to nearest, fmaf as float64 then
     rounded once: a float32 fma)."""
     f32 = np.float32
     x = np.maximum(x.astype(f32), f32(-126))
