@@ -771,6 +771,9 @@ SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS
             # setmaxnreg, ~6 LDL a tile from L1 in the consumers; not a default mode) bulkwpp1 at d 64: its writer and
             # the ping-pong's tile coordinates, 1 STL + 2 LDL a tile in the consumers
             "_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi7ELi2EEEv10AttnParamsNS0_4MapsE": 20,
+            # (its probes, bwd_ws_var, the same)
+            **{f"_ZN5pydnn8attn_wsb10bwd_ws_varINS_6bf16_tELi64ELi7ELi2ELi{v}EEEv10AttnParamsNS0_4MapsE": 20
+               for v in (1, 2, 4)},
             # bwd_ws256 bulkw: the writer's walk under the producer's 24 registers (as bwd_ws's writer at d 64)
             "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi4EEEv10AttnParamsNS0_4MapsE": 12,
             "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi6EEEv10AttnParamsNS0_4MapsE": 12}
