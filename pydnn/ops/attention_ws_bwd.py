@@ -89,7 +89,7 @@ MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128), "bulkwpp1
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
 # d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
-DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
+DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw", "bulkwpp1"))
 
 
 # bwd_ws's VAR (ptx/attention_ws_bwd.cu kVar*), tuning.attention_bwd.WS_VAR: probes of the default modes (first-use

@@ -35,7 +35,8 @@ def test_units():
                                  for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp", "bulkwpp1")
                                  if (d, m) != (64, "bulkwpp"))
                            + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
-                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3))
+                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3),
+                              WSB._expr(t, 128, "bulkwpp1", 3))
                            + tuple(WSB._expr(t, d, m, 2, v) for d, m in ((64, "bulkwpp1"), (128, "bulkwpp1"), (128, "bulkwpp"))
                                    for v in (1, 2, 4)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
@@ -225,7 +226,7 @@ def test_dispatch_d256_elsewhere(on, monkeypatch, why):
 
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("order", [False, True])
-@pytest.mark.parametrize("dq", ["bulk", "bulkw", "red", "bulkwpp"])
+@pytest.mark.parametrize("dq", ["bulk", "bulkw", "red", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("det", [0, 1])
 def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
@@ -237,7 +238,7 @@ def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
     _bwd(d=d, det=det, mask=TL)
     ws = on[1]
     mode = "none" if det else "bulkwpp1" if (d, dq) == (64, "bulkwpp") else dq
-    st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw") else 2
+    st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw", "bulkwpp1") else 2
     assert ws["f"] == WSB._expr("bf16", d, mode, st) and ws["smem"] == WSB.smem_bytes(d, st, mode)
     assert ws["grid"] == ((5 * 2 * 2, 1, 1) if order else (5, 2, 2))
 

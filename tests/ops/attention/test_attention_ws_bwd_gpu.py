@@ -111,12 +111,12 @@ ORDER_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in ORDER_C
 
 
 @pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("dq", ["bulk", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("dq", ["bulk", "bulkw", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", ORDER_CASES, ids=ORDER_IDS)
 def test_backward_ws_order_stages(handle, rng, wsb, monkeypatch, mask, case, dq, stages):
     """tuning.attention_bwd.WS_ORDER (the kernel's own CTA order over a 1-d grid, partial chunks) with
-    WS_STAGES 2 / 3 (3: the d 128 bulk / bulkw instantiations; d 64 keeps 2), both modes."""
+    WS_STAGES 2 / 3 (3: the d 128 bulk / bulkw / bulkwpp1 instantiations; d 64 keeps 2), both modes."""
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS_STAGES", stages)
