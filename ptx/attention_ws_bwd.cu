@@ -52,6 +52,7 @@
 //     The writer waits for the reductions' completion before it exits.
 //   kDqBulkWPP: kDqRedPP's protocol, the previous tile's dQ going through kDqBulkW's writer instead of red:
 //     tile t in buffer t & 1, dqfull / dqempty per buffer (parities (t >> 1) & 1, the consumers' ^ 1).
+//   kDqBulkWPP1: kDqBulkWPP with one buffer: tile t in buffer 0, parities t & 1 (the consumers' ^ 1).
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"
@@ -582,7 +583,6 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws_var(const AttnParams p, co
 #endif
   bwd_ws_body<T, D, DQ, STAGES, VAR>(p, tm);
 }
-
 
 // ---------------------------------------------------------------------------------------------- d 256
 // bwd_ws256<T, DQ>: the head dim 256 backward (DQ kDqNone, kDqRed, kDqBulkW (the default: tuning.attention_bwd.
