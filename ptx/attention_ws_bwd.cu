@@ -163,6 +163,28 @@ constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) bo
 // score), kVarNoRed the dQ tile's bulk reductions not issued, kVarNoLoad Q / dO loaded for the first STAGES tiles only
 // (the ring's later phases complete on the producer's arrivals alone).
 constexpr int kVarNoExp = 1, kVarNoRed = 2, kVarNoLoad = 4;
+// kVarL2Pf (a variant, results kept; 1-d grid): halfway through its walk the producer asks L2 for the K / V boxes of the
+// CTA %nsmid places after it in the grid's order (about the one that takes its SM next): that CTA's prologue then
+// reads them from L2 instead of HBM, where a whole wave's CTAs would read 132 x 64 KiB (d 128) at once.
+constexpr int kVarL2Pf = 8;
+
+// The 1-d grid's item idx in kOrderChunk's order (bwd_ws's prologue): key block xb, K/V head hk, batch b.
+__device__ __forceinline__ void order_item(const AttnParams& p, int idx, int& xb, int& hk, int& b) {
+  const int nx = (p.seq_kv + kBN - 1) / kBN, c = idx / (nx * kOrderChunk);
+  const int n = min(kOrderChunk, p.heads_kv * p.batch - c * kOrderChunk), r = idx - c * nx * kOrderChunk;
+  const int hb = c * kOrderChunk + r % n;
+  xb = r / n;
+  hk = hb % p.heads_kv;
+  b = hb / p.heads_kv;
+}
+
+// The bulk tensor prefetch into L2 (sm_90): the box at (c0 .. c3) of `map`, no shared memory, no barrier.
+__device__ __forceinline__ void prefetch_l2_4d(const tma::TensorMap* map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
 
 // P^T = 2^(S^T scale_log2 - lse) in place for a warpgroup's m64nNk16 accumulator (element 4 j + 2 hh + e: key
 // key0 + 8 hh, query m0 + 8 j + 2 q4 + e; lt the tile's lse in log2 units). One warpgroup-uniform branch around two
@@ -236,14 +258,7 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
 
   // (key block, K/V head, batch): the grid's, or (a 1-d grid) kOrderChunk's order
   int xb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  if (gridDim.y == 1 && gridDim.z == 1) {  // (with one head and batch the same as the 3-d grid's)
-    const int nx = (p.seq_kv + kBN - 1) / kBN, c = blockIdx.x / (nx * kOrderChunk);
-    const int n = min(kOrderChunk, p.heads_kv * p.batch - c * kOrderChunk), r = blockIdx.x - c * nx * kOrderChunk;
-    const int hb = c * kOrderChunk + r % n;
-    xb = r / n;
-    hk = hb % p.heads_kv;
-    b = hb / p.heads_kv;
-  }
+  if (gridDim.y == 1 && gridDim.z == 1) order_item(p, blockIdx.x, xb, hk, b);  // (one head and batch: the 3-d grid's)
   const Seq sq = seq_of(p, b);
   const int n0 = xb * BN;
   // query rows that can see a key of this block: i >= n0 - offset (causal); all rows otherwise
@@ -325,6 +340,21 @@ __device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm)
         for (int sl = 0; sl < D / 64; ++sl) {
           tma::load_4d(sQ + s * C::Q_BYTES + sl * BM * 128, &tm.q, full(s), sl * 64, m0, h, b);
           tma::load_4d(sdO + s * C::Q_BYTES + sl * BM * 128, &tm.dout, full(s), sl * 64, m0, h, b);
+        }
+      }
+      if constexpr ((VAR & kVarL2Pf) != 0) {
+        if (lane == 0 && it == iters / 2 && gridDim.y == 1 && gridDim.z == 1) {
+          unsigned nsm;
+          asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+          if (blockIdx.x + nsm < gridDim.x) {
+            int xb2, hk2, b2;
+            order_item(p, blockIdx.x + nsm, xb2, hk2, b2);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl) {
+              prefetch_l2_4d(&tm.k, sl * 64, xb2 * BN, hk2, b2);
+              prefetch_l2_4d(&tm.v, sl * 64, xb2 * BN, hk2, b2);
+            }
+          }
         }
       }
       const float* gl = p.lse + (long long)b * ls0 + (long long)h * ls1;

@@ -38,7 +38,7 @@ def test_units():
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3),
                               WSB._expr(t, 128, "bulkwpp1", 3))
                            + tuple(WSB._expr(t, d, m, 2, v) for d, m in ((64, "bulkwpp1"), (128, "bulkwpp1"), (128, "bulkwpp"))
-                                   for v in (1, 2, 4)))
+                                   for v in (1, 2, 4, 8)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("bf16", 64, "bulkwpp1", 2, 4) == "pydnn::attn_wsb::bwd_ws_var<pydnn::bf16_t, 64, 7, 2, 4>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
@@ -775,6 +775,11 @@ SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS
             # (its probes, bwd_ws_var, the same)
             **{f"_ZN5pydnn8attn_wsb10bwd_ws_varINS_6bf16_tELi64ELi7ELi2ELi{v}EEEv10AttnParamsNS0_4MapsE": 20
                for v in (1, 2, 4)},
+            # l2pf (kVarL2Pf): the next item's coordinates under the producer's 24 registers (its spills are the
+            # producer's, after the setmaxnreg; the consumers' as their default kernels')
+            "_ZN5pydnn8attn_wsb10bwd_ws_varINS_6bf16_tELi64ELi7ELi2ELi8EEEv10AttnParamsNS0_4MapsE": 32,
+            "_ZN5pydnn8attn_wsb10bwd_ws_varINS_6bf16_tELi128ELi7ELi2ELi8EEEv10AttnParamsNS0_4MapsE": 12,
+            "_ZN5pydnn8attn_wsb10bwd_ws_varINS_6bf16_tELi128ELi5ELi2ELi8EEEv10AttnParamsNS0_4MapsE": 12,
             # bwd_ws256 bulkw: the writer's walk under the producer's 24 registers (as bwd_ws's writer at d 64)
             "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi4EEEv10AttnParamsNS0_4MapsE": 12,
             "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi6EEEv10AttnParamsNS0_4MapsE": 12}

@@ -102,6 +102,20 @@ def test_backward_ws_long(handle, rng, wsb, monkeypatch, mask, case, dq):
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb)
 
 
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("case", [(4, 24, 24, 260, 260, 64, "bhsd"), (4, 16, 16, 300, 300, 128, "bshd")],
+                         ids=["4x24x260d64", "4x16x300d128"])
+def test_backward_ws_l2pf(handle, rng, wsb, monkeypatch, mask, case):
+    """tuning.attention_bwd.WS_VAR "l2pf" (the next wave's K / V prefetched into L2): the same results, on grids of
+    more CTAs than SMs (288 / 192: the prefetch is issued), the 1-d grid (WS_ORDER), the default dQ modes."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", "bulkwpp1")
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_CAUSAL", "bulkwpp")
+    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_VAR", "l2pf")
+    b, hq, hkv, sq, skv, d, layout = case
+    _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb, modes=(0,))
+
+
 ORDER_CASES = [  # 1-d grid chunks of 4 (K/V head, batch) pairs: 6 pairs (4 + a partial 2), 3 pairs, 16
     (2, 6, 3, 300, 333, 128, "bshd"),   # GQA 2, 3 key blocks
     (3, 2, 1, 200, 400, 64, "bhsd"),    # MQA, more keys than queries
