@@ -658,7 +658,8 @@ attention_bwd = Switches(
                    'bulkw 1.00x bulk, bulkwpp 0.95-1.02x (WS_DQ_CAUSAL); "bulkwpp1" (session 33, the default): bulkwpp '
                    'with one dQ tile (fits d 64). Session 33 mid-session H200 run (16 points, against bulk): non-causal '
                    's >= 1024 +2.3..+12% (d64 s4096 1.111 against 0.990x cuDNN, GQA d128 s1024 1.068 against 1.012), '
-                   's 512 -0.9%; d 64 causal -1% (s512) .. +6% (s4096)'),
+                   's 512 -0.9%; d 64 causal -1% (s512) .. +6% (s4096); the second run: 16 points 0.967 against bulk\'s '
+                   '0.924x cuDNN'),
     WS_DQ_CAUSAL=("bulkwpp", 'WS_DQ under a causal mask (None: WS_DQ). Mid-session H200 run (session 29, b4 s4096): '
                              'bulkwpp 1.02x bulkw at d128 causal h32 / h64/8 (414 / 402 against 406 / 393 TFLOP/s) '
                              'but 0.96x at h64/8 non-causal, so causal only; d 64 runs its one-tile form "bulkwpp1" '
@@ -687,8 +688,8 @@ attention_bwd = Switches(
                   '(no exponentials / no dQ reductions / no Q, dO reloads: wrong results, timing only); None: the '
                   'default kernels'),
     WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
-                  'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '
-                  '(d128 causal) to 1.01x'),
+                  'bulkw / bulkwpp1: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages '
+                  '0.98x (d128 causal) to 1.01x; session 33, bulkwpp1: 0.963 against 0.967x cuDNN (16 points)'),
 )
 
 activation = Switches(
