@@ -92,11 +92,11 @@ SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attent
 DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw", "bulkwpp1"))
 
 
-# bwd_ws's VAR (ptx/attention_ws_bwd.cu kVar*), tuning.attention_bwd.WS_VAR: probes of the default modes (first-use
-# instantiations, pydnn/_build/rare.py; timing only, their results are wrong): "noexp" (no exponential), "nored" (no dQ
-# bulk reductions), "noload" (Q / dO loaded for the first stages only): what each part of a tile costs; and "l2pf" (results kept: the
-# next wave's K / V prefetched into L2, ptx/attention_ws_bwd.cu kVarL2Pf). (Session 33's
-# A/B variants, the old exponentials' loop, the old descriptors, ghost tiles and exp2_poly eighths: tools/PERF.md.)
+# bwd_ws's VAR (ptx/attention_ws_bwd.cu kVar*), tuning.attention_bwd.WS_VAR, first-use instantiations of the default
+# modes (pydnn/_build/rare.py): the probes "noexp" (no exponential), "nored" (no dQ bulk reductions), "noload" (Q / dO
+# loaded for the first stages only), timing only (their results are wrong): what each part of a tile costs; and "l2pf"
+# (results kept, not yet timed: the next wave's K / V prefetched into L2, kVarL2Pf). (Session 33's A/B variants, the
+# old exponentials' loop, the old descriptors, ghost tiles and exp2_poly eighths: tools/PERF.md.)
 VARS = {"noexp": 1, "nored": 2, "noload": 4, "l2pf": 8}
 VAR_CASES = ((64, "bulkwpp1"), (128, "bulkwpp1"), (128, "bulkwpp"))
 
