@@ -163,9 +163,9 @@ constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) bo
 // score), kVarNoRed the dQ tile's bulk reductions not issued, kVarNoLoad Q / dO loaded for the first STAGES tiles only
 // (the ring's later phases complete on the producer's arrivals alone).
 constexpr int kVarNoExp = 1, kVarNoRed = 2, kVarNoLoad = 4;
-// kVarL2Pf (a variant, results kept; 1-d grid): halfway through its walk the producer asks L2 for the K / V boxes of the
-// CTA %nsmid places after it in the grid's order (about the one that takes its SM next): that CTA's prologue then
-// reads them from L2 instead of HBM, where a whole wave's CTAs would read 132 x 64 KiB (d 128) at once.
+// kVarL2Pf (a variant, results kept; 1-d grid): halfway through its walk the producer asks L2 for the K / V boxes
+// of the CTA %nsmid places after it in the grid's order (about the one that takes its SM next): that CTA's prologue
+// then reads them from L2 instead of HBM, where a whole wave's CTAs would read 132 x 64 KiB (d 128) at once.
 constexpr int kVarL2Pf = 8;
 
 // The 1-d grid's item idx in kOrderChunk's order (bwd_ws's prologue): key block xb, K/V head hk, batch b.

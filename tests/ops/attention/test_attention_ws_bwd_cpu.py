@@ -37,7 +37,8 @@ def test_units():
                            + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
                            + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3),
                               WSB._expr(t, 128, "bulkwpp1", 3))
-                           + tuple(WSB._expr(t, d, m, 2, v) for d, m in ((64, "bulkwpp1"), (128, "bulkwpp1"), (128, "bulkwpp"))
+                           + tuple(WSB._expr(t, d, m, 2, v)
+                                   for d, m in ((64, "bulkwpp1"), (128, "bulkwpp1"), (128, "bulkwpp"))
                                    for v in (1, 2, 4, 8)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
     assert WSB._expr("bf16", 64, "bulkwpp1", 2, 4) == "pydnn::attn_wsb::bwd_ws_var<pydnn::bf16_t, 64, 7, 2, 4>"
