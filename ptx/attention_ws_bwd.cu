@@ -52,6 +52,7 @@
 //     The writer waits for the reductions' completion before it exits.
 //   kDqBulkWPP: kDqRedPP's protocol, the previous tile's dQ going through kDqBulkW's writer instead of red:
 //     tile t in buffer t & 1, dqfull / dqempty per buffer (parities (t >> 1) & 1, the consumers' ^ 1).
+//   kDqBulkWPP1: kDqBulkWPP with one buffer: tile t in buffer 0, parities t & 1 (the consumers' ^ 1).
 #include "common/types.cuh"
 #include "common/attn_mma.cuh"
 #include "common/attn_pipe.cuh"
@@ -101,6 +102,10 @@ constexpr int kDqBulkWPP = 5;
 // (S^T, dP^T: all slabs) done before kBarDS. So no meeting: the first half goes in after its own dV (under dK's
 // MMAs), the second after its own dK.
 constexpr int kDqBulkW2 = 6;
+// kDqBulkWPP1 (session 33): kDqBulkWPP with one dQ tile (kDqBulkW's): a warpgroup stores its half of tile t + 1
+// after the writer's read of tile t (dqempty), half an iteration after the other warpgroup's half of t went in;
+// 199800 bytes at d 64, where kDqBulkWPP's second tile does not fit (232568 > 232448): the ping-pong at d 64.
+constexpr int kDqBulkWPP1 = 7;
 template <int DQ> struct DqBufs { static constexpr int value = DQ == kDqBulkWPP ? 2 : 1; };
 // The CTA order of a 1-d grid (launched when tuning.attention_bwd.WS_ORDER): chunks of kOrderChunk (K/V
 // head, batch) pairs, inside a chunk the key blocks in order (the first, under a causal mask the longest
@@ -153,14 +158,81 @@ constexpr int kBarDQ = 2;      // named barrier (kDqBulk): both warpgroups' dQ h
 constexpr int kBarTurn = 3;    // named barriers 3, 4 (kDqRedPP): consumer warpgroup 0's / 1's turn to issue S^T, dP^T
 constexpr int kBarDQ2 = 3;     // (bwd_ws256 kDqBulkW, which has no kBarTurn) both warpgroups' dK done
 
-template <class T, int D, int DQ, int STAGES>
-__global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
-#endif
-  static_assert((D == 64 || D == 128) && STAGES >= 2 && DQ >= kDqNone && DQ <= kDqBulkWPP, "bwd_ws tile");
-  constexpr bool PP = DQ == kDqRedPP || DQ == kDqBulkWPP;
-  constexpr bool WRITER = DQ == kDqBulkW || DQ == kDqBulkWPP;
+// VAR (bwd_ws_var's last template argument; bwd_ws is VAR 0): tuning.attention_bwd.WS_VAR's probes, first-use
+// instantiations that time a tile without one of its parts (wrong results): kVarNoExp no exponential (P = the scaled
+// score), kVarNoRed the dQ tile's bulk reductions not issued, kVarNoLoad Q / dO loaded for the first STAGES tiles only
+// (the ring's later phases complete on the producer's arrivals alone).
+constexpr int kVarNoExp = 1, kVarNoRed = 2, kVarNoLoad = 4;
+// kVarL2Pf (a variant, results kept; 1-d grid): halfway through its walk the producer asks L2 for the K / V boxes
+// of the CTA %nsmid places after it in the grid's order (about the one that takes its SM next): that CTA's prologue
+// then reads them from L2 instead of HBM, where a whole wave's CTAs would read 132 x 64 KiB (d 128) at once.
+constexpr int kVarL2Pf = 8;
+
+// The 1-d grid's item idx in kOrderChunk's order (bwd_ws's prologue): key block xb, K/V head hk, batch b.
+__device__ __forceinline__ void order_item(const AttnParams& p, int idx, int& xb, int& hk, int& b) {
+  const int nx = (p.seq_kv + kBN - 1) / kBN, c = idx / (nx * kOrderChunk);
+  const int n = min(kOrderChunk, p.heads_kv * p.batch - c * kOrderChunk), r = idx - c * nx * kOrderChunk;
+  const int hb = c * kOrderChunk + r % n;
+  xb = r / n;
+  hk = hb % p.heads_kv;
+  b = hb / p.heads_kv;
+}
+
+// The bulk tensor prefetch into L2 (sm_90): the box at (c0 .. c3) of `map`, no shared memory, no barrier.
+__device__ __forceinline__ void prefetch_l2_4d(const tma::TensorMap* map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
+// P^T = 2^(S^T scale_log2 - lse) in place for a warpgroup's m64nNk16 accumulator (element 4 j + 2 hh + e: key
+// key0 + 8 hh, query m0 + 8 j + 2 q4 + e; lt the tile's lse in log2 units). One warpgroup-uniform branch around two
+// straight loops: the mask tested per element inside one loop (as before session 33) made ptxas branch around each
+// element with a convergence barrier (BSSY / BRA / BSYNC: ~11 SASS instructions an element on unmasked tiles where
+// FFMA + MUFU do, and no scheduling across elements); H200, session 33: the backward +10-15% at d 64, +6-8% at d 128
+// (tools/PERF.md).
+template <int VAR, int N>
+__device__ __forceinline__ void bwd_exp(bool masked, float (&sc)[N], const float* lt, float scale_log2, int q4,
+                                        int key0, int m0, const Seq& sq) {
+  if (masked) {
+    // key key0 + 8 hh is past the length when 8 hh > kl, past query m0 + 8 j + 2 q4 + e's diagonal when
+    // 8 hh - 8 j - e > qd: one ISETP against an immediate an element (the || of the plain test made branches)
+    const int kl = sq.len_kv - 1 - key0, qd = sq.causal ? m0 + 2 * q4 + sq.offset - key0 : (1 << 30);
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int idx = 4 * j + 2 * hh + e;
+          const bool dead = (8 * hh > kl) | (8 * hh - 8 * j - e > qd);
+          sc[idx] = exp2_fast(fmaf(dead ? -kInf : sc[idx], scale_log2, -(e ? lv.y : lv.x)));
+        }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float x = fmaf(sc[4 * j + i], scale_log2, -((i & 1) ? lv.y : lv.x));
+        sc[4 * j + i] = (VAR & kVarNoExp) ? x : exp2_fast(x);
+      }
+    }
+  }
+}
+
+// The kernel's body: bwd_ws<T, D, DQ, STAGES> (VAR 0) and bwd_ws_var<..., VAR> (a kernel of its own, so the
+// default kernels keep their names) inline it; tm is the kernel's __grid_constant__ parameter (TMA reads its maps
+// by address).
+template <class T, int D, int DQ, int STAGES, int VAR>
+__device__ __forceinline__ void bwd_ws_body(const AttnParams& p, const Maps& tm) {
+  static_assert((D == 64 || D == 128) && STAGES >= 2 && ((DQ >= kDqNone && DQ <= kDqBulkWPP) || DQ == kDqBulkWPP1),
+                "bwd_ws tile");
+  constexpr bool PP = DQ == kDqRedPP || DQ == kDqBulkWPP || DQ == kDqBulkWPP1;
+  constexpr bool WRITER = DQ == kDqBulkW || DQ == kDqBulkWPP || DQ == kDqBulkWPP1;
   constexpr int NDQ = DqBufs<DQ>::value;
   static_assert(Cfg<D, STAGES, NDQ>::OFF_DQ % 1024 == 0, "the swizzled dQ tile needs 1024-byte alignment");
   static_assert(Cfg<D, STAGES, NDQ>::SMEM <= 227 * 1024, "past sm_90's 232448 bytes of shared memory a block");
@@ -186,14 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
 
   // (key block, K/V head, batch): the grid's, or (a 1-d grid) kOrderChunk's order
   int xb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  if (gridDim.y == 1 && gridDim.z == 1) {  // (with one head and batch the same as the 3-d grid's)
-    const int nx = (p.seq_kv + kBN - 1) / kBN, c = blockIdx.x / (nx * kOrderChunk);
-    const int n = min(kOrderChunk, p.heads_kv * p.batch - c * kOrderChunk), r = blockIdx.x - c * nx * kOrderChunk;
-    const int hb = c * kOrderChunk + r % n;
-    xb = r / n;
-    hk = hb % p.heads_kv;
-    b = hb / p.heads_kv;
-  }
+  if (gridDim.y == 1 && gridDim.z == 1) order_item(p, blockIdx.x, xb, hk, b);  // (one head and batch: the 3-d grid's)
   const Seq sq = seq_of(p, b);
   const int n0 = xb * BN;
   // query rows that can see a key of this block: i >= n0 - offset (causal); all rows otherwise
@@ -236,9 +301,11 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
           const volatile int* xy = reinterpret_cast<const volatile int*>(smem + C::OFF_XY + 8 * i);
           const int m0 = xy[0], hb = xy[1];
           const unsigned src = sb + C::OFF_DQ + i * C::DQ_BYTES;
+          if constexpr (!(VAR & kVarNoRed)) {
 #pragma unroll
-          for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, hb);
-          bulk_commit();
+            for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, hb);
+            bulk_commit();
+          }
           bulk_wait_read();  // the tile read: the consumers may store into the buffer again
           tma::mbar_arrive(dqempty(i));
         }
@@ -265,12 +332,29 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
       const int s = it % STAGES, n = it / STAGES;
       const int h = hk * p.group + it / mtiles, m0 = (mt0 + it % mtiles) * BM;
       tma::mbar_wait(empty(s), (n & 1) ^ 1);
-      if (lane == 0) {
+      if ((VAR & kVarNoLoad) && it >= STAGES) {  // (probe: the stage's old Q / dO)
+        if (lane == 0) tma::mbar_arrive(full(s));
+      } else if (lane == 0) {
         tma::mbar_arrive_expect_tx(full(s), 2 * C::Q_BYTES);
 #pragma unroll
         for (int sl = 0; sl < D / 64; ++sl) {
           tma::load_4d(sQ + s * C::Q_BYTES + sl * BM * 128, &tm.q, full(s), sl * 64, m0, h, b);
           tma::load_4d(sdO + s * C::Q_BYTES + sl * BM * 128, &tm.dout, full(s), sl * 64, m0, h, b);
+        }
+      }
+      if constexpr ((VAR & kVarL2Pf) != 0) {
+        if (lane == 0 && it == iters / 2 && gridDim.y == 1 && gridDim.z == 1) {
+          unsigned nsm;
+          asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+          if (blockIdx.x + nsm < gridDim.x) {
+            int xb2, hk2, b2;
+            order_item(p, blockIdx.x + nsm, xb2, hk2, b2);
+#pragma unroll
+            for (int sl = 0; sl < D / 64; ++sl) {
+              prefetch_l2_4d(&tm.k, sl * 64, xb2 * BN, hk2, b2);
+              prefetch_l2_4d(&tm.v, sl * 64, xb2 * BN, hk2, b2);
+            }
+          }
         }
       }
       const float* gl = p.lse + (long long)b * ls0 + (long long)h * ls1;
@@ -375,22 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
     const bool need_mask = (sq.causal && wkey + 63 > m0 + sq.offset) || wkey + 63 >= sq.len_kv;
     const float* lt = sL + s * BM;
     const float* dt = sDs + s * BM;
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int idx = 4 * j + 2 * hh + e;
-          float x = sc[idx];
-          if (need_mask) {
-            const int key = key0 + 8 * hh, qi = m0 + j * 8 + 2 * q4 + e;
-            if (key >= sq.len_kv || (sq.causal && key > qi + sq.offset)) x = -kInf;
-          }
-          sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
-        }
-    }
+    bwd_exp<VAR>(need_mask, sc, lt, p.scale_log2, q4, key0, m0, sq);
     wgmma::wait<0>();
     wgmma::fence_operands(dp);
     unsigned pa[BM / 16][4], da[BM / 16][4];
@@ -482,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
           }
         wgmma::fence_proxy_async();
         tma::named_sync(kBarDQ, 256);
-        if (threadIdx.x == 128) {
+        if (threadIdx.x == 128 && !(VAR & kVarNoRed)) {
           const unsigned src = tma::smem_addr(sdq);
 #pragma unroll
           for (int sl = 0; sl < D / 32; ++sl) bulk_reduce_add_3d(&tm.dqacc, src + sl * (BM * 128), sl * 32, m0, b * p.heads_q + h);
@@ -529,6 +598,21 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const 
   if (DQ == kDqBulk && threadIdx.x == 128) bulk_wait_read();
 }
 
+template <class T, int D, int DQ, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1) bwd_ws(const AttnParams p, const __grid_constant__ Maps tm) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "bwd_ws needs the sm_90a target (KernelUnit archs)");
+#endif
+  bwd_ws_body<T, D, DQ, STAGES, 0>(p, tm);
+}
+
+template <class T, int D, int DQ, int STAGES, int VAR>
+__global__ void __launch_bounds__(kThreads, 1) bwd_ws_var(const AttnParams p, const __grid_constant__ Maps tm) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(sizeof(T) == 0, "bwd_ws_var needs the sm_90a target (KernelUnit archs)");
+#endif
+  bwd_ws_body<T, D, DQ, STAGES, VAR>(p, tm);
+}
 
 // ---------------------------------------------------------------------------------------------- d 256
 // bwd_ws256<T, DQ>: the head dim 256 backward (DQ kDqNone, kDqRed, kDqBulkW (the default: tuning.attention_bwd.
@@ -747,22 +831,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_ws256(const AttnParams p, con
     const bool need_mask = (sq.causal && n0 + BN - 1 > m0 + 32 * cw + sq.offset) || n0 + BN - 1 >= sq.len_kv;
     const float* lt = sL + s * BM + 32 * cw;
     const float* dt = sDs + s * BM + 32 * cw;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 lv = *reinterpret_cast<const float2*>(lt + j * 8 + 2 * q4);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int idx = 4 * j + 2 * hh + e;
-          float x = sc[idx];
-          if (need_mask) {
-            const int key = n0 + kr + 8 * hh, qi = m0 + 32 * cw + j * 8 + 2 * q4 + e;
-            if (key >= sq.len_kv || (sq.causal && key > qi + sq.offset)) x = -kInf;
-          }
-          sc[idx] = exp2_fast(fmaf(x, p.scale_log2, -(e ? lv.y : lv.x)));
-        }
-    }
+    bwd_exp<0>(need_mask, sc, lt, p.scale_log2, q4, n0 + kr, m0 + 32 * cw, sq);  // (bwd_ws's, session 33)
     wgmma::wait<0>();
     wgmma::fence_operands(dp);
     // dS^T = P^T (dP^T - dsum); both halves to buffer it & 1 as [key][query] (chunk 4 cw + j of row kr + 8 hh)

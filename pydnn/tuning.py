@@ -652,7 +652,7 @@ attention_bwd = Switches(
     WS=(True, 'sm_90, the head dims of pydnn/ops/attention_ws_bwd.py HEAD_DIMS, no per-batch lengths: the '
               'warp-specialized dK / dV kernel (TMA producer warp, mbarrier ring, two consumer warpgroups); '
               'False: the older wgmma one (A/B)'),
-    WS_DQ=("bulk", 'the warp-specialized backward\'s atomic dQ: "bulk" (FA3\'s way: the two warpgroups\' halves in '
+    WS_DQ=("bulkwpp1", 'the warp-specialized backward\'s atomic dQ: "bulk" (FA3\'s way: the two warpgroups\' halves in '
                    'one 128B-swizzled fp32 tile in shared memory, added by bulk tensor reductions), "red" '
                    '(red.global.add.v2 from the registers) or "redpp" (red, the consumer warpgroups taking turns '
                    'at S^T / dP^T, each adding the previous tile\'s dQ). Mid-session H200 run 2, b4 s4096, six '
@@ -660,11 +660,16 @@ attention_bwd = Switches(
                    'red 0.755, the older kernel 0.615; "bulkw": bulk with FA3\'s dedicated dQ writer warp (the '
                    'consumers store their halves and go on; no meeting on the tile, no consumer thread issuing); "bulkwpp": '
                    'the writer with redpp\'s ping-pong (two dQ tiles). Session 29 (same run, with WS_ORDER): '
-                   'bulkw 1.00x bulk, bulkwpp 0.95-1.02x (WS_DQ_CAUSAL)'),
+                   'bulkw 1.00x bulk, bulkwpp 0.95-1.02x (WS_DQ_CAUSAL); "bulkwpp1" (session 33, the default): bulkwpp '
+                   'with one dQ tile (fits d 64). Session 33 mid-session H200 run (16 points, against bulk): non-causal '
+                   's >= 1024 +2.3..+12% (d64 s4096 1.111 against 0.990x cuDNN, GQA d128 s1024 1.068 against 1.012), '
+                   's 512 -0.9%; d 64 causal -1% (s512) .. +6% (s4096); the second run: 16 points 0.967 against bulk\'s '
+                   '0.924x cuDNN'),
     WS_DQ_CAUSAL=("bulkwpp", 'WS_DQ under a causal mask (None: WS_DQ). Mid-session H200 run (session 29, b4 s4096): '
                              'bulkwpp 1.02x bulkw at d128 causal h32 / h64/8 (414 / 402 against 406 / 393 TFLOP/s) '
-                             'but 0.96x at h64/8 non-causal, so causal only; d 64 runs "bulk" (bulkwpp\'s two dQ tiles do '
-                             'not fit there: attention_ws_bwd.py MODE_DIMS)'),
+                             'but 0.96x at h64/8 non-causal, so causal only; d 64 runs its one-tile form "bulkwpp1" '
+                             '(bulkwpp\'s two dQ tiles do not fit there: attention_ws_bwd.py MODE_DIMS / dq_mode). Session '
+                             '33 mid-session run: bulkwpp1 against bulkwpp at d128 causal -0.5..-1.7% (4 points): kept'),
     WS_ORDER=(True, 'the warp-specialized backward launched as a 1-d grid the kernel orders in chunks of 4 (K/V head, '
                     'batch) pairs, the longest (causal) key-block walks first; False: the 3-d grid\'s order (key '
                     'blocks fastest). Mid-session H200 run (session 29, b4 s4096, bulk): causal d128 h32 / d64 / '
@@ -683,9 +688,13 @@ attention_bwd = Switches(
                     'Session 32 mid-session H200 run, b32 s512 h32/32 d64: pre 0.124 -> 0.069 ms, convert 0.099 -> '
                     '0.049 ms (cuDNN\'s two 0.069-0.071 / 0.058); backward 0.754 -> 0.853x cuDNN (causal 0.727 -> '
                     '0.839), 6 points 0.783 -> 0.832x'),
+    WS_VAR=(None, 'probes of the warp-specialized backward\'s default kernels (d 64 / 128, "bulkwpp1" and '
+                  '"bulkwpp"; pydnn/ops/attention_ws_bwd.py VARS, first-use units): "noexp" / "nored" / "noload" '
+                  '(no exponentials / no dQ reductions / no Q, dO reloads: wrong results, timing only); None: the '
+                  'default kernels'),
     WS_STAGES=(2, 'the warp-specialized backward\'s Q / dO ring depth: 2, or 3 where instantiated (d 128, bulk / '
-                  'bulkw: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages 0.98x '
-                  '(d128 causal) to 1.01x'),
+                  'bulkw / bulkwpp1: pydnn/ops/attention_ws_bwd.py DEEP). Session 29 mid-session run, bulkw: 3 stages '
+                  '0.98x (d128 causal) to 1.01x; session 33, bulkwpp1: 0.963 against 0.967x cuDNN (16 points)'),
 )
 
 activation = Switches(

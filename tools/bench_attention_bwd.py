@@ -4,8 +4,11 @@ chosen variant list), cuDNN SDPA in the same run:
   python3 tools/bench_attention_bwd.py [--shapes 4x4096x32x32x128,...] [--variants bulk,bulk+ord,...]
                                        [--det 0] [--reps N] [--out FILE]
 
+A variant "default+<v>" or "<mode>+<v>" runs tuning.attention_bwd.WS_VAR = <v> (pydnn/ops/attention_ws_bwd.py VARS: the
+probes "noexp", "nored", "noload", whose results are wrong: what a part of the tile costs). "<name>#<n>" repeats a
+variant under another column name (the run's drift; the column right after cuDNN reads low on long points).
 A variant ending in "+np" runs the backward's memory passes in attention.cu's form (tuning.attention_bwd.PREP_VEC
-off: bwd_pre / bwd_dq_convert, a warp a row) instead of ptx/attention_prep.cu's. A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "red", "redpp"; WS_DQ_CAUSAL off)
+off: bwd_pre / bwd_dq_convert, a warp a row) instead of ptx/attention_prep.cu's. A variant is "d256-red" / "d256-bulkw" / "d256-bulkw2" (tuning.attention_bwd.WS_DQ_D256, the d 256 kernel's dQ), a WS_DQ mode ("bulk", "bulkw", "bulkwpp", "bulkwpp1", "red", "redpp"; WS_DQ_CAUSAL off)
 with optional "+ord" (tuning.attention_bwd.WS_ORDER: the longest-walk-first 1-d grid) and "+3st" (WS_STAGES 3
 where instantiated, d 128 bulk / bulkw), or "old" (the older wgmma kernel), or "default" (tuning's defaults). TFLOP/s count 2.5x the forward's
 FLOPs (half under the causal mask).
@@ -20,22 +23,31 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as BA  # noqa: E402
+from pydnn.ops import attention_ws_bwd as WSB  # noqa: E402
 
 
 def overrides(name):
+    if "#" in name:  # a repeated variant under another column name (default#2: the run's drift, same kernel)
+        return overrides(name.split("#")[0])
     if name.endswith("+np"):  # any variant with the backward's memory passes in attention.cu's form (PREP_VEC off)
         return {**overrides(name[:-3]), "attention_bwd.PREP_VEC": False}
     if name == "old":
         return {"attention_bwd.WS": False}
     if name == "default":  # the warp-specialized kernel with tuning's defaults
         return {"attention_bwd.WS": True}
+    base, _, var = name.partition("+")
+    if base == "default" and var in WSB.VARS:  # the defaults with a WS_VAR variant / probe: default+branchy, ...
+        return {"attention_bwd.WS": True, "attention_bwd.WS_VAR": var}
     if name.startswith("d256-"):  # bwd_ws256's dQ mode (tuning.attention_bwd.WS_DQ_D256): d256-red, d256-bulkw(2)
         return {"attention_bwd.WS": True, "attention_bwd.WS_DQ_D256": name[5:]}
     mode, *opts = name.split("+")
     over = {"attention_bwd.WS": True, "attention_bwd.WS_DQ": mode, "attention_bwd.WS_DQ_CAUSAL": None,
             "attention_bwd.WS_ORDER": "ord" in opts,
             "attention_bwd.WS_STAGES": 3 if "3st" in opts else 2}
-    unknown = set(opts) - {"ord", "3st"}
+    var = [o for o in opts if o in WSB.VARS]
+    if var:
+        over["attention_bwd.WS_VAR"] = var[0]
+    unknown = set(opts) - {"ord", "3st"} - set(WSB.VARS)
     if unknown:
         raise SystemExit(f"unknown variant options {unknown}")
     return over

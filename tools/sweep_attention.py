@@ -2,7 +2,8 @@
 """Fused attention sweep (issue 19): pydnn against cuDNN SDPA through PyTorch (the backend forced with
 torch.nn.attention.sdpa_kernel) in the same run, bf16, BHSD.
 
-    python3 tools/sweep_attention.py [--quick] [--budget-s S] [--seed 0] [--out DIR] [--reps N]
+    python3 tools/sweep_attention.py [--quick] [--budget-s S] [--seed 0] [--out DIR] [--reps N] [--dirs bwd]
+                                     [--only train]
 
 --budget-s defaults to 140 s (30 s with --quick) so that the full sweep ends in about 150 s on an H100 / H200
 (the elapsed time is printed at the end, and the summary says whether points were left unsampled).
@@ -151,13 +152,16 @@ def _ref_ms(timer, backend, q, k, v, causal, do, backward):
         return None, f"{backend}: {SC.classify(e)[1][:80]}"
 
 
-def run_point(h, p, timer, checked, rows):
+def run_point(h, p, timer, checked, rows, dirs=("fwd", "bwd")):
+    """One point; dirs: the training directions timed (--dirs; "bwd" alone still runs pydnn's forward, untimed, for
+    the backward's O and log-sum-exp)."""
     import torch
     import pydnn
 
     base = dict(case=case_name(p), dtype="bf16", kind=p["kind"], b=p["b"], s=p["s"], skv=p.get("skv", p["s"]),
                 hq=p["hq"], hkv=p["hkv"], d=p["d"], causal=p["causal"])
-    dirs = ("decode",) if p["kind"] == "decode" else ("fwd", "bwd")
+    fwd_untimed = p["kind"] != "decode" and "fwd" not in dirs
+    dirs = ("decode",) if p["kind"] == "decode" else tuple(x for x in ("fwd", "bwd") if x in dirs)
     if p["kind"] == "decode" and kv_bytes(p) > DECODE_MEM_FRACTION * SC.free_bytes(3 * kv_bytes(p)):
         for d in dirs:
             rows.append(dict(base, group=d, status=SC.OOM,
@@ -188,6 +192,19 @@ def run_point(h, p, timer, checked, rows):
     a = pydnn.create_attention_descriptor()
     mask = pydnn.PYDNN_ATTN_MASK_CAUSAL_TOP_LEFT if p["causal"] else pydnn.PYDNN_ATTN_MASK_NONE
     ws = None
+    if fwd_untimed:  # the backward's O / lse from pydnn's forward (not timed, not a row)
+        try:
+            pydnn.set_attention_descriptor(a, p["hq"], p["hkv"], p["d"], p["d"] ** -0.5, mask, 0.0, 0)
+            ws_n = pydnn.get_attention_forward_workspace_size(h, a, tq, tk)
+            ws = torch.empty(max(ws_n, 1), dtype=torch.uint8, device=SC.DEV)
+            pydnn.attention_forward(h, a, tq, q.data_ptr(), tk, k.data_ptr(), tv, v.data_ptr(), to, o.data_ptr(), tl,
+                                    lse.data_ptr(), None, None, ws.data_ptr(), ws_n)
+        except Exception as e:  # noqa: BLE001 - the backward's row says what failed
+            st, note = SC.classify(e)
+            rows.append(dict(base, group="bwd", status=st, note="forward (untimed): " + note))
+            t.clear()
+            torch.cuda.empty_cache()
+            return
     for d in dirs:
         row = dict(base, group=d, status=SC.OK, flops=flops(p, d == "bwd"))
         try:
@@ -298,7 +315,9 @@ def plots(rows):
 
 
 def main(argv=None):
-    args = SC.parse_args(__doc__, 140.0, argv)
+    args = SC.parse_args(__doc__, 140.0, argv, extra=(("--dirs", dict(
+        default="fwd,bwd", help="training directions to time: fwd,bwd (default), bwd (the forward runs untimed for "
+                                "the backward's inputs) or fwd")),))
     if args.render:
         return SC.render(args, "sweep_attention", lambda rows, meta: report(
             rows, meta, meta.get("budget_note", "rendered from " + args.render), meta.get("elapsed_s", float("nan"))),
@@ -314,7 +333,7 @@ def main(argv=None):
     timer = SC.gpu_timer(reps, 2)
     budget = SC.Budget(args.budget_s)
     pts, meta = grid(args.seed, args.quick)
-    meta.update(SC.device_meta(), quick=args.quick, budget_s=args.budget_s, reps=reps)
+    meta.update(SC.device_meta(), quick=args.quick, budget_s=args.budget_s, reps=reps, dirs=args.dirs)
     only = [o for o in args.only.split(",") if o]
     rows, checked = [], {}
     for p in pts:
@@ -324,7 +343,7 @@ def main(argv=None):
             continue
         n0 = len(rows)
         n_before, t_point = len(rows), time.monotonic()
-        run_point(h, p, timer, checked, rows)
+        run_point(h, p, timer, checked, rows, tuple(x for x in args.dirs.split(",") if x))
         for r in rows[n_before:]:  # the point's wall time (setup, check, both sides' timing)
             r["point_s"] = time.monotonic() - t_point
         lost = SC.sticky(rows[n_before:])

@@ -129,9 +129,12 @@ RULES = (
          "wgrad_pipe_tc (wgrad_tc_wgmma takes every scanned backward filter); installed on other archs. (The 128x128 "
          "forward stays: ConvolutionBiasActivationForward runs 1x1 layers on it, tests/kernels/"
          "test_install_choices_cpu.py)", at=(90,)),
-    Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,]+, \d+, (1|3|4), ",
-         "bwd_ws's red / redpp / bulkw dQ modes: tuning.attention_bwd.WS_DQ's other values (the defaults run "
-         "\"bulk\", \"bulkwpp\" under a causal mask at d 128 (WS_DQ_CAUSAL), and \"none\" when deterministic)"),
+    Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws<[^,]+, \d+, ((1|2|3|4), |\d+, 3>$)",
+         "bwd_ws's red / bulk / redpp / bulkw dQ modes and its 3-stage rings: tuning.attention_bwd.WS_DQ's other "
+         "values and WS_STAGES 3 (the defaults run \"bulkwpp1\", \"bulkwpp\" under a causal mask at d 128 "
+         "(WS_DQ_CAUSAL), and \"none\" when deterministic, on 2 stages)"),
+    Rule(r"attention\.ws_bwd\.(f16|bf16)", r"::bwd_ws_var<",
+         "bwd_ws's probes (VAR != 0): only tuning.attention_bwd.WS_VAR runs them"),
     Rule(r"attention\.(d96\.)?(f16|bf16)", r"::(fwd|bwd_dq|bwd_dkdv)<",
          "the mma.sync attention forward / backward at head dims 64, 96, 128 without dropout: on sm_90 the "
          "warp-specialized (d 64 / 128) and wgmma (d 96) forwards and the wgmma backward take them "

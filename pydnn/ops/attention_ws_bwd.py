@@ -71,7 +71,9 @@ def smem_bytes(d, stages=STAGES, mode="none"):
 # run "bulk"): bulkwpp's two fp32 dQ tiles of 128 x 64 put d 64 at 232568 bytes, past the 232448 an sm_90
 # block may have (the mid-session run's cuFuncSetAttribute refused it); at d 64 bulkw carries a 28-byte spill
 # (attention_ws_bwd.cu's writer).
-DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5, "bulkw2": 6}
+# "bulkwpp1" (session 33): bulkwpp with one dQ tile (fits d 64: the ping-pong there; ptx/attention_ws_bwd.cu
+# kDqBulkWPP1); the default of WS_DQ and, at d 64, of WS_DQ_CAUSAL's bulkwpp (dq_mode).
+DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5, "bulkw2": 6, "bulkwpp1": 7}
 # d 256 (bwd_ws256): the modes instantiated, "none" (deterministic) and the atomic ones tuning.attention_bwd.
 # WS_DQ_D256 picks from (a value not listed runs the first atomic one). The kernel has three: "red"
 # (red.global.add), "bulkw" (the writer's bulk reductions, the fp32 dQ tile staged in the stage's Q / dO buffers:
@@ -81,13 +83,32 @@ DQ_MODES = {"none": 0, "red": 1, "bulk": 2, "redpp": 3, "bulkw": 4, "bulkwpp": 5
 # is instantiated (the install-time build compiles what the defaults run; the others, GPU-tested in those runs,
 # come back by adding them here).
 D256_MODES = ("none", "bulkw")
-MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128),
+MODE_DIMS = {"bulkwpp": (128,), "bulk": (64, 128), "redpp": (64, 128), "bulkwpp1": (64, 128),
              **{m: (64, 128) + ((256,) if m in D256_MODES else ()) for m in ("red", "bulkw")},
              "bulkw2": (256,) if "bulkw2" in D256_MODES else ()}
 SMEM_LIMIT = 227 * 1024  # sm_90's largest dynamic shared memory a block (attention_ws_bwd.cu static_asserts it)
 # (d, mode, stages) instantiated beyond the STAGES ones: the 3-stage ring where it fits (d 128: 232040 bytes;
-# d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES
-DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw"))
+# d 64's 128-row stages do not), for tuning.attention_bwd.WS_STAGES (first use: measured within 1% of 2 stages)
+DEEP = tuple((128, m, 3) for m in ("bulk", "bulkw", "bulkwpp1"))
+
+
+# bwd_ws's VAR (ptx/attention_ws_bwd.cu kVar*), tuning.attention_bwd.WS_VAR, first-use instantiations of the default
+# modes (pydnn/_build/rare.py): the probes "noexp" (no exponential), "nored" (no dQ bulk reductions), "noload" (Q / dO
+# loaded for the first stages only), timing only (their results are wrong): what each part of a tile costs; and "l2pf"
+# (results kept, not yet timed: the next wave's K / V prefetched into L2, kVarL2Pf). (Session 33's A/B variants, the
+# old exponentials' loop, the old descriptors, ghost tiles and exp2_poly eighths: tools/PERF.md.)
+VARS = {"noexp": 1, "nored": 2, "noload": 4, "l2pf": 8}
+VAR_CASES = ((64, "bulkwpp1"), (128, "bulkwpp1"), (128, "bulkwpp"))
+
+
+def var_of(d, mode, stages):
+    """tuning.attention_bwd.WS_VAR's VAR value where (d, mode) is one of VAR_CASES on STAGES stages, else 0."""
+    v = tuning.attention_bwd.WS_VAR
+    if not v or stages != STAGES or (d, mode) not in VAR_CASES:
+        return 0
+    if v not in VARS:
+        raise ValueError(f"tuning.attention_bwd.WS_VAR: {v!r} is not one of {sorted(VARS)}")
+    return VARS[v]
 
 
 def stages_of(d, mode):
@@ -98,20 +119,26 @@ def stages_of(d, mode):
 
 def dq_mode(atomic, d=128, causal=False):
     """The kernel's DQ argument: "none" (deterministic: the older dQ pass), else tuning.attention_bwd.WS_DQ, or
-    under a causal mask WS_DQ_CAUSAL when set ("bulk" for a mode not instantiated at head dim d: MODE_DIMS)."""
+    under a causal mask WS_DQ_CAUSAL when set (for a mode not instantiated at head dim d, MODE_DIMS: bulkwpp's
+    one-tile form bulkwpp1 for bulkwpp, "bulk" for the others)."""
     if not atomic:
         return "none"
     if d == 256:
         m = tuning.attention_bwd.WS_DQ_D256
         return m if m in D256_MODES else D256_MODES[1]
     m = (causal and tuning.attention_bwd.WS_DQ_CAUSAL) or tuning.attention_bwd.WS_DQ
-    return m if d in MODE_DIMS.get(m, INSTANTIATED) else "bulk"
+    if d in MODE_DIMS.get(m, INSTANTIATED):
+        return m
+    return "bulkwpp1" if m == "bulkwpp" and d in MODE_DIMS["bulkwpp1"] else "bulk"
 
 
-def _expr(tag, d, mode, stages=STAGES):
-    """bwd_ws<T, D, DQ, STAGES> (d 256: bwd_ws256<T, DQ>, 2 stages); mode a DQ_MODES key."""
+def _expr(tag, d, mode, stages=STAGES, var=0):
+    """bwd_ws<T, D, DQ, STAGES> (var: bwd_ws_var<T, D, DQ, STAGES, VAR>; d 256: bwd_ws256<T, DQ>, 2 stages); mode a
+    DQ_MODES key."""
     if d == 256:
         return f"pydnn::attn_wsb::bwd_ws256<{CTYPE[tag]}, {DQ_MODES[mode]}>"
+    if var:
+        return f"pydnn::attn_wsb::bwd_ws_var<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}, {var}>"
     return f"pydnn::attn_wsb::bwd_ws<{CTYPE[tag]}, {d}, {DQ_MODES[mode]}, {stages}>"
 
 
@@ -137,7 +164,10 @@ def _dims():
 def kernel_units():
     return [KernelUnit(unit_name(tag), "attention_ws_bwd.cu",
                        tuple(_expr(tag, d, m) for d in _dims() for m in DQ_MODES if d in MODE_DIMS.get(m, (d,)))
-                       + tuple(_expr(tag, d, m, st) for d, m, st in DEEP), archs=(ARCH + "a",))
+                       + tuple(_expr(tag, d, m, st) for d, m, st in DEEP)
+                       + tuple(_expr(tag, d, m, STAGES, v) for d, m in VAR_CASES if d in _dims()
+                               for v in VARS.values()),
+                       archs=(ARCH + "a",))
             for tag in TAGS]
 
 
@@ -169,7 +199,7 @@ def maps(tag, d, p, mode="none"):
     dQ accumulator's too, (d, seq_q, batch x heads_q) fp32, boxes of 32 columns x BM rows)."""
     b, hq, hkv = p.batch, p.heads_q, p.heads_kv
     st = {t: tuple(p.stride[t][i] for i in range(3)) for t in (0, 1, 2, 4)}
-    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp", "bulkw2") else None
+    acc = p.dq_acc if mode in ("bulk", "bulkw", "bulkwpp", "bulkw2", "bulkwpp1") else None
     key = (tag, d, p.q, p.dout, p.k, p.v, acc, b, hq, hkv, p.seq_q, p.seq_kv, tuple(st.values()))
     m = _MAPS.get(key)
     if m is not None:
@@ -205,7 +235,7 @@ def launch_dkdv(handle, tag, d, atomic, batch, heads_kv, seq_kv, p):
         return False
     st = stages_of(d, mode)
     smem = smem_bytes(d, st, mode)
-    f = handle.function(unit_name(tag), _expr(tag, d, mode, st), smem)
+    f = handle.function(unit_name(tag), _expr(tag, d, mode, st, var_of(d, mode, st)), smem)
     arr = (ctypes.c_void_p * 2)(ctypes.addressof(p), ctypes.addressof(m))  # two kernel arguments: params, maps
     driver.launch_args(f, grid(batch, heads_kv, seq_kv, d), (THREADS, 1, 1), smem, handle.cu_stream,
                        (arr, ctypes.addressof(arr), p, m))

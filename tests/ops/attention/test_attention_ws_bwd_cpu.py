@@ -32,10 +32,16 @@ def test_units():
         u = units[f"attention.ws_bwd.{t}"]
         assert u.archs == ("sm_90a",) and u.source == "attention_ws_bwd.cu"
         assert u.exprs == (tuple(WSB._expr(t, d, m) for d in (64, 128)
-                                 for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp") if (d, m) != (64, "bulkwpp"))
+                                 for m in ("none", "red", "bulk", "redpp", "bulkw", "bulkwpp", "bulkwpp1")
+                                 if (d, m) != (64, "bulkwpp"))
                            + tuple(WSB._expr(t, 256, m) for m in WSB.D256_MODES)
-                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3)))
+                           + (WSB._expr(t, 128, "bulk", 3), WSB._expr(t, 128, "bulkw", 3),
+                              WSB._expr(t, 128, "bulkwpp1", 3))
+                           + tuple(WSB._expr(t, d, m, 2, v)
+                                   for d, m in ((64, "bulkwpp1"), (128, "bulkwpp1"), (128, "bulkwpp"))
+                                   for v in (1, 2, 4, 8)))
     assert WSB._expr("bf16", 128, "bulk") == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 2, 2>"
+    assert WSB._expr("bf16", 64, "bulkwpp1", 2, 4) == "pydnn::attn_wsb::bwd_ws_var<pydnn::bf16_t, 64, 7, 2, 4>"
     assert WSB._expr("f16", 64, "none") == "pydnn::attn_wsb::bwd_ws<pydnn::half_t, 64, 0, 2>"
     assert WSB._expr("bf16", 128, "bulkw", 3) == "pydnn::attn_wsb::bwd_ws<pydnn::bf16_t, 128, 4, 3>"
     assert WSB._expr("f16", 256, "red") == "pydnn::attn_wsb::bwd_ws256<pydnn::half_t, 1>"
@@ -57,7 +63,7 @@ def test_units():
     for t in ("bf16", "f16"):
         for e in units[f"attention.ws_bwd.{t}"].exprs:
             args = [int(x) for x in e.split("<", 1)[1].rstrip(">").split(", ")[1:]]
-            d, m, st = args if "bwd_ws<" in e else (256, args[0], 2)  # bwd_ws256<T, DQ>
+            d, m, st = args[:3] if "bwd_ws256<" not in e else (256, args[0], 2)  # bwd_ws256<T, DQ>; bwd_ws_var<.., VAR>
             assert WSB.smem_bytes(d, st, modes[m]) <= SMEM_LIMIT, e
     # Cfg256: K, V of 64 keys, 2 stages of Q / dO (64 rows), 2 x (P^T, dS^T) of 64 x 64, lse / dsum, 7
     # mbarriers, slack: 968 bytes under the limit (bulkw stages its dQ tile in the Q / dO buffers)
@@ -146,9 +152,31 @@ def test_dispatch(on, monkeypatch, d, det, mask, dtype, dq):
     assert names == (["bwd_pre_v", "bwd_ws", "bwd_dq_wg"] if det else ["bwd_pre_v", "bwd_ws", "bwd_dq_convert_v"])
     ws = on[1]
     tag = "bf16" if dtype == BF16 else "f16"
-    mode = "none" if det else "bulk" if (d, dq) == (64, "bulkwpp") else dq
+    mode = "none" if det else "bulkwpp1" if (d, dq) == (64, "bulkwpp") else dq
     assert ws["f"] == WSB._expr(tag, d, mode)
     assert ws["grid"] == (-(-517 // 128), 2, 2) and ws["threads"] == 384 and ws["smem"] == WSB.smem_bytes(d, 2, mode)
+
+
+@pytest.mark.parametrize("var", sorted(WSB.VARS))
+@pytest.mark.parametrize("d, dq, mask", [(64, "bulkwpp1", NONE), (64, "bulkwpp", TL), (128, "bulkwpp1", NONE),
+                                         (128, "bulkwpp", TL), (128, "bulk", NONE), (256, "bulkw", TL)])
+def test_dispatch_var(on, monkeypatch, var, d, dq, mask):
+    """tuning.attention_bwd.WS_VAR picks bwd_ws_var<..., VAR> for VAR_CASES' (d, mode) pairs (d 64's bulkwpp runs
+    bulkwpp1: a VAR case), the default kernel elsewhere (another mode, d 256, deterministic), and refuses a name
+    that is not a probe."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_VAR", var)
+    mode = "bulkwpp1" if (d, dq) == (64, "bulkwpp") else dq
+    for det in (0, 1):
+        del on[:]
+        _bwd(d=d, det=det, mask=mask)
+        m = "none" if det else mode
+        v = WSB.VARS[var] if (d, m) in WSB.VAR_CASES else 0
+        assert on[1]["f"] == WSB._expr("bf16", d, m, 2, v)
+        assert (v == 0) == ("bwd_ws_var<" not in on[1]["f"]) and (v == 0 or on[1]["f"].endswith(f", {v}>"))
+    monkeypatch.setattr(tuning.attention_bwd, "WS_VAR", "nope")
+    with pytest.raises(ValueError, match="WS_VAR"):
+        WSB.var_of(64, "bulkwpp1", 2)
 
 
 @pytest.mark.parametrize("order", [False, True])
@@ -199,7 +227,7 @@ def test_dispatch_d256_elsewhere(on, monkeypatch, why):
 
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("order", [False, True])
-@pytest.mark.parametrize("dq", ["bulk", "bulkw", "red", "bulkwpp"])
+@pytest.mark.parametrize("dq", ["bulk", "bulkw", "red", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("det", [0, 1])
 def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
@@ -210,8 +238,8 @@ def test_dispatch_order_and_stages(on, monkeypatch, d, det, dq, order, stages):
     monkeypatch.setattr(tuning.attention_bwd, "WS_STAGES", stages)
     _bwd(d=d, det=det, mask=TL)
     ws = on[1]
-    mode = "none" if det else "bulk" if (d, dq) == (64, "bulkwpp") else dq
-    st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw") else 2
+    mode = "none" if det else "bulkwpp1" if (d, dq) == (64, "bulkwpp") else dq
+    st = 3 if stages == 3 and d == 128 and mode in ("bulk", "bulkw", "bulkwpp1") else 2
     assert ws["f"] == WSB._expr("bf16", d, mode, st) and ws["smem"] == WSB.smem_bytes(d, st, mode)
     assert ws["grid"] == ((5 * 2 * 2, 1, 1) if order else (5, 2, 2))
 
@@ -369,7 +397,7 @@ class _Named:
 
 
 def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_read=True, pp=False, ds_wait=True,
-             writer=False, dq_wait=True):
+             writer=False, dq_wait=True, ndq=None):
     """One CTA of bwd_ws: the producer warp and the two consumer warpgroups as generators yielding wait
     conditions, run in a random interleaving; TMA boxes land after a random delay (their bytes on the
     full barrier). Checks that every stage a consumer reads holds its iteration's Q / dO / lse / dsum
@@ -388,7 +416,7 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
     turn = [0, 0]   # kDqRedPP: pending bar.arrive counts on the turn barriers (one per arriving warpgroup)
     dsfull = [_Mbar(8) for _ in range(2)]
     dsempty = [_Mbar(8) for _ in range(2)]
-    ndq = 2 if pp and writer else 1     # kDqBulkWPP: two dQ tiles
+    ndq = ndq or (2 if pp and writer else 1)     # kDqBulkWPP: two dQ tiles (kDqBulkWPP1: ndq = 1)
     dqt = [[None, None] for _ in range(ndq)]
     dqfull, dqempty = [_Mbar(8) for _ in range(ndq)], [_Mbar(1) for _ in range(ndq)]
     reducing = []   # kDqBulk(W(PP)): [time left, tile, buffer] while the reduction reads the dQ tile
@@ -533,23 +561,24 @@ def _emulate(iters, stages, seed, atomic=True, ds_buffers=2, bulk=True, wait_rea
             live[i] = False
 
 
-@pytest.mark.parametrize("mode", ["none", "red", "bulk", "redpp", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("mode", ["none", "red", "bulk", "redpp", "bulkw", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("seed", range(10))
 def test_synchronization_emulated(mode, stages, seed):
     rng = random.Random(2000 + seed)
-    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, mode != "none", bulk=mode in ("bulk", "bulkw", "bulkwpp"),
-             pp=mode in ("redpp", "bulkwpp"), writer=mode in ("bulkw", "bulkwpp"))
+    _emulate(rng.choice([0, 1, 2, 3, 5, 9, 16]), stages, seed, mode != "none",
+             bulk=mode in ("bulk", "bulkw", "bulkwpp", "bulkwpp1"), pp=mode in ("redpp", "bulkwpp", "bulkwpp1"),
+             writer=mode in ("bulkw", "bulkwpp", "bulkwpp1"), ndq=1 if mode == "bulkwpp1" else None)
 
 
-@pytest.mark.parametrize("pp", [False, True], ids=["bulkw", "bulkwpp"])
+@pytest.mark.parametrize("pp, ndq", [(False, None), (True, None), (True, 1)], ids=["bulkw", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("what", ["dq_wait", "wait_read"])
-def test_emulation_catches_a_missing_writer_wait(what, pp):
-    """kDqBulkW(PP) without the consumers' dqempty wait, or without the writer's wait_group.read before it
+def test_emulation_catches_a_missing_writer_wait(what, pp, ndq):
+    """kDqBulkW(PP(1)) without the consumers' dqempty wait, or without the writer's wait_group.read before it
     arrives: a half stored while the reduction still reads the tile."""
     with pytest.raises(AssertionError):
         for seed in range(300):
-            _emulate(12, 2, seed, writer=True, pp=pp, **{what: False})
+            _emulate(12, 2, seed, writer=True, pp=pp, ndq=ndq, **{what: False})
 
 
 def test_emulation_catches_a_missing_ds_release():
@@ -739,7 +768,19 @@ def test_emulation_d256_catches_a_missing_wait(what):
             _emulate256(12, seed, **kw)
 
 
-SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 28,
+SPILL_OK = {"_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi4ELi2EEEv10AttnParamsNS0_4MapsE": 44,
+            # (d 64 bulkw: 28 bytes before session 33's exponentials' loop, 44 after: the prologue's values across the
+            # setmaxnreg, ~6 LDL a tile from L1 in the consumers; not a default mode) bulkwpp1 at d 64: its writer and
+            # the ping-pong's tile coordinates, 1 STL + 2 LDL a tile in the consumers
+            "_ZN5pydnn8attn_wsb6bwd_wsINS_6bf16_tELi64ELi7ELi2EEEv10AttnParamsNS0_4MapsE": 20,
+            # (its probes, bwd_ws_var, the same)
+            **{f"_ZN5pydnn8attn_wsb10bwd_ws_varINS_6bf16_tELi64ELi7ELi2ELi{v}EEEv10AttnParamsNS0_4MapsE": 20
+               for v in (1, 2, 4)},
+            # l2pf (kVarL2Pf): the next item's coordinates under the producer's 24 registers (its spills are the
+            # producer's, after the setmaxnreg; the consumers' as their default kernels')
+            "_ZN5pydnn8attn_wsb10bwd_ws_varINS_6bf16_tELi64ELi7ELi2ELi8EEEv10AttnParamsNS0_4MapsE": 32,
+            "_ZN5pydnn8attn_wsb10bwd_ws_varINS_6bf16_tELi128ELi7ELi2ELi8EEEv10AttnParamsNS0_4MapsE": 12,
+            "_ZN5pydnn8attn_wsb10bwd_ws_varINS_6bf16_tELi128ELi5ELi2ELi8EEEv10AttnParamsNS0_4MapsE": 12,
             # bwd_ws256 bulkw: the writer's walk under the producer's 24 registers (as bwd_ws's writer at d 64)
             "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi4EEEv10AttnParamsNS0_4MapsE": 12,
             "_ZN5pydnn8attn_wsb9bwd_ws256INS_6bf16_tELi6EEEv10AttnParamsNS0_4MapsE": 12}
@@ -860,17 +901,18 @@ def test_tiling_emulated_matches_the_reference(mask, case):
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_default_dispatch_takes_this_kernel(launches, monkeypatch, d, det):
     """With the defaults (measured faster than bwd_dkdv_wg on the H200: HEAD_DIMS, HEAD_DIMS_DET), an sm_90
-    d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by bulk tensor reductions, WS_DQ's
-    default; under a causal mask WS_DQ_CAUSAL's bulkwpp), as the ordered 1-d grid (WS_ORDER) with 2 stages."""
+    d 64 / 128 backward without lengths or dropout runs bwd_ws (dQ by bulk tensor reductions with the ping-pong and
+    one dQ tile, WS_DQ's default bulkwpp1; under a causal mask WS_DQ_CAUSAL's bulkwpp, at d 64 its one-tile form
+    bulkwpp1), as the ordered 1-d grid (WS_ORDER) with 2 stages."""
     monkeypatch.setattr(WSB, "maps", lambda tag, d, p, mode="none": WSB.Maps())
-    assert tuning.attention_bwd.WS and tuning.attention_bwd.WS_DQ == "bulk"
+    assert tuning.attention_bwd.WS and tuning.attention_bwd.WS_DQ == "bulkwpp1"
     assert tuning.attention_bwd.WS_DQ_CAUSAL == "bulkwpp" and tuning.attention_bwd.WS_ORDER
     assert tuning.attention_bwd.WS_STAGES == 2
     assert d in WSB.HEAD_DIMS and d in WSB.HEAD_DIMS_DET
     for mask in (NONE, TL, BR):
         del launches[:]
         _bwd(d=d, det=det, mask=mask)
-        mode = "none" if det else "bulk" if mask == NONE or d == 64 else "bulkwpp"  # (d 64: bulkwpp does not fit)
+        mode = "none" if det else "bulkwpp1" if mask == NONE or d == 64 else "bulkwpp"  # (d 64: bulkwpp does not fit)
         mode = tuning.attention_bwd.WS_DQ_D256 if d == 256 and not det else mode  # (d 256: bwd_ws256)
         assert d != 256 or mode in WSB.D256_MODES
         assert launches[1]["f"] == WSB._expr("bf16", d, mode)

@@ -70,7 +70,7 @@ CASES = [  # b, hq, hkv, sq, skv, d, layout
 IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in CASES]
 
 
-@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("dq", ["bulk", "red", "redpp", "bulkw", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -93,13 +93,27 @@ LONG_CASES = [  # several 128-key blocks and query tiles per CTA, partial last o
 LONG_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in LONG_CASES]
 
 
-@pytest.mark.parametrize("dq", ["red", "bulk", "redpp", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("dq", ["red", "bulk", "redpp", "bulkw", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", LONG_CASES, ids=LONG_IDS)
 def test_backward_ws_long(handle, rng, wsb, monkeypatch, mask, case, dq):
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     b, hq, hkv, sq, skv, d, layout = case
     _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
+@pytest.mark.parametrize("case", [(4, 24, 24, 260, 260, 64, "bhsd"), (4, 16, 16, 300, 300, 128, "bshd")],
+                         ids=["4x24x260d64", "4x16x300d128"])
+def test_backward_ws_l2pf(handle, rng, wsb, monkeypatch, mask, case):
+    """tuning.attention_bwd.WS_VAR "l2pf" (the next wave's K / V prefetched into L2): the same results, on grids of
+    more CTAs than SMs (288 / 192: the prefetch is issued), the 1-d grid (WS_ORDER), the default dQ modes."""
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", "bulkwpp1")
+    monkeypatch.setattr(tuning.attention_bwd, "WS_DQ_CAUSAL", "bulkwpp")
+    monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", True)
+    monkeypatch.setattr(tuning.attention_bwd, "WS_VAR", "l2pf")
+    b, hq, hkv, sq, skv, d, layout = case
+    _run(handle, rng, Problem(rng, b, hq, hkv, sq, skv, d, BF16, mask, layout), wsb, modes=(0,))
 
 
 ORDER_CASES = [  # 1-d grid chunks of 4 (K/V head, batch) pairs: 6 pairs (4 + a partial 2), 3 pairs, 16
@@ -111,12 +125,12 @@ ORDER_IDS = [f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}d{c[5]}{c[6]}" for c in ORDER_C
 
 
 @pytest.mark.parametrize("stages", [2, 3])
-@pytest.mark.parametrize("dq", ["bulk", "bulkw", "bulkwpp"])
+@pytest.mark.parametrize("dq", ["bulk", "bulkw", "bulkwpp", "bulkwpp1"])
 @pytest.mark.parametrize("mask", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("case", ORDER_CASES, ids=ORDER_IDS)
 def test_backward_ws_order_stages(handle, rng, wsb, monkeypatch, mask, case, dq, stages):
     """tuning.attention_bwd.WS_ORDER (the kernel's own CTA order over a 1-d grid, partial chunks) with
-    WS_STAGES 2 / 3 (3: the d 128 bulk / bulkw instantiations; d 64 keeps 2), both modes."""
+    WS_STAGES 2 / 3 (3: the d 128 bulk / bulkw / bulkwpp1 instantiations; d 64 keeps 2), both modes."""
     monkeypatch.setattr(tuning.attention_bwd, "WS_DQ", dq)
     monkeypatch.setattr(tuning.attention_bwd, "WS_ORDER", True)
     monkeypatch.setattr(tuning.attention_bwd, "WS_STAGES", stages)
