@@ -8,9 +8,11 @@
 // warpgroup once its wgmmas reading the stage are done): no block-wide barrier and no proxy fence a K tile
 // (fwd_wgmma's cp.async ring needs both).
 // The A tile is ONE 4-d TMA box of x (NHWC: dims C, W, H, N): 64 channels x tw x th x tn pixels (tn * th *
-// tw = 128 rows, w fastest), at (c0, ow0 + s * dil - pad, oh0 + r * dil - pad, n0): stride 1, so the
-// tap's window of a box of output pixels is a box of x; the padding is the TMA unit's out-of-bounds zero
-// fill (negative coordinates included), as are channels past C. The B tile is one 3-d box of the packed
+// tw = 128 rows, w fastest), at (c0, ow0 * stride + s * dil - pad, oh0 * stride + r * dil - pad, n0): the
+// tap's window of a box of output pixels is a box of x, every stride-th pixel of it (the map's element
+// strides along W and H: a strided forward, tuning.conv.FWD_TMA_STRIDED; the box then spans tw * stride
+// pixels of which it loads tw); the padding is the TMA unit's out-of-bounds zero fill (negative
+// coordinates included), as are channels past C. The B tile is one 3-d box of the packed
 // KRSC filter (dims C, R * S, K): 64 channels of tap (r, s) (flipped for CONVOLUTION mode) x BN output
 // channels (BN of them). Both land as 128-byte rows in the 128B swizzle: K-major operands of wgmma as gemm_tma's.
 // Persistent: a grid of at most one block an SM walks the items (pixel box, 128-channel tile), producer
@@ -91,10 +93,11 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
       for (long long item = blockIdx.x; item < items; item += gridDim.x) {
         int w0, h0, nb, n0;
         coords(item, w0, h0, nb, n0);
+        const int ih0 = h0 * p.stride[1] - p.pad[1], iw0 = w0 * p.stride[2] - p.pad[2];
         for (int r = 0; r < R; ++r) {
-          const int ih = h0 + r * p.dil[1] - p.pad[1];
+          const int ih = ih0 + r * p.dil[1];
           for (int s = 0; s < S; ++s) {
-            const int iw = w0 + s * p.dil[2] - p.pad[2];
+            const int iw = iw0 + s * p.dil[2];
             const int rr = flip ? R - 1 - r : r, ss = flip ? S - 1 - s : s;
             const int tap = rr * S + ss;
             for (int cb = 0; cb < q.cblocks; ++cb, ++it) {

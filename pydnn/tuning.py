@@ -178,6 +178,11 @@ conv = Switches(
                     "and no tiling is forced, \"always\" also under a forced tiling (tests, benchmarks), False "
                     "never (tools/bench_conv_tma.py; H200 mid-session run 3: 1.10-1.30x fwd_wgmma on 11 forward "
                     "rows, geomean vs cuDNN 0.594 -> 0.706)"),
+    FWD_TMA_STRIDED=(False, "sm_90: FWD_TMA for strided forwards too (stride 2..8 along H / W): x's TMA box spans "
+                            "tw * stride columns (th * stride rows) and loads every stride-th pixel (the map's element "
+                            "strides), so a strided tap's window is one box as a stride-1 one; True where FWD_TMA "
+                            "takes the problem, False never (not GPU-measured yet: tools/bench_conv_tma_routes.py "
+                            "--set strided)"),
     FWD_TMA_BN=(None, "fwd_tma's tile width in output channels (64, 128 or 256); None: conv_tma._bn's choice"),
     DGRAD_TMA=(True, "sm_90: a call's own unsplit stride-1 backward-data plan on fwd_wgmma runs fwd_tma instead "
                      "(the forward of dy; B read MN-major from the packed KRSC filter by TMA, or from "
@@ -190,6 +195,13 @@ conv = Switches(
     DGRAD_TMA_PHASES=(False, "as DGRAD_TMA for the stride-1 phases of a strided backward data (dgrad_phases.py): "
                              "each phase's fwd_wgmma plan on fwd_tma (B through a 4-d map of the phase's "
                              "sub-filter view)"),
+    TMA_1X1=(False, "sm_90: a call's own direct 1x1 GEMM-algorithm plan (gemm.py: matmul on x / dy itself, 16-bit "
+                    "NHWC) whose matmul runs the mma.sync gemm_tc tile (reductions under matmul.WG_MIN_K: one "
+                    "block a tile, its loads not overlapped with its stores) runs fwd_tma instead (forward: the "
+                    "problem itself; backward data: DgradTmaPlan), the GEMM plan kept as the fallback: True "
+                    "where fwd_tma takes it (conv_tma.gemm1x1_top), \"always\" the same (the benchmark's "
+                    "form), False never. Issue 18's sweep (H200, 2026-11-28): 31 such 1x1 points at 0.29-0.61x "
+                    "cuDNN (gemm_tc at ~1.1 TB/s); tools/bench_conv_tma_routes.py --set 1x1"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),

@@ -101,8 +101,12 @@ def _bn(handle, pb, tiles_px):
     return 128
 
 
-def tma_refusal(handle, pb):
-    """Why fwd_tma does not take a forward problem (text), or None."""
+MAX_ESTRIDE = 8   # a TMA map's element strides are 1..8 (cuTensorMapEncodeTiled)
+
+
+def tma_refusal(handle, pb, strided=False):
+    """Why fwd_tma does not take a forward problem (text), or None. strided: a stride of 2..MAX_ESTRIDE taken
+    (x's map walks every stride-th pixel: element strides; tuning.conv.FWD_TMA_STRIDED)."""
     if handle.arch != ARCH:
         return f"arch {handle.arch} (fwd_tma is sm_90a code)"
     if pb.tag not in TAGS:
@@ -111,7 +115,7 @@ def tma_refusal(handle, pb):
         return "groups"
     if pb.nspatial != 2 or pb.in3[0] != 1 or pb.filt3[0] != 1:
         return "not a 2-d problem"
-    if pb.stride3 != (1, 1, 1):
+    if pb.stride3 != (1, 1, 1) and not (strided and pb.stride3[0] == 1 and max(pb.stride3) <= MAX_ESTRIDE):
         return "stride"
     if pb.c % 8:
         return "C % 8 (16-byte TMA strides)"
@@ -128,15 +132,16 @@ def tma_refusal(handle, pb):
     return None
 
 
-def _box(n, P, Q):
+def _box(n, P, Q, sh=1, sw=1):
     """(tw, th, tn): powers of two, tw * th * tn = 128, with the fewest padded rows over the whole y (ties:
-    the widest tw, for longer contiguous runs of x)."""
+    the widest tw, for longer contiguous runs of x); strided, x's box spans tw * sw columns and th * sh rows,
+    each at most a TMA box dim's 256."""
     best = None
     for a in range(8):
         for b in range(8 - a):
             tw, th = 1 << a, 1 << b
             tn = 128 // (tw * th)
-            if tw * th * tn != 128:
+            if tw * th * tn != 128 or tw * sw > TM.MAX_BOX or th * sh > TM.MAX_BOX:
                 continue
             rows = cdiv(Q, tw) * tw * cdiv(P, th) * th * cdiv(n, tn) * tn
             key = (rows, -tw)
@@ -201,11 +206,15 @@ class TmaPlan(StepPlan):
 class _Map:
     """TiledMap-like: encode(address) -> the 128 bytes (tensormap.encode_tiled with the plan's dims)."""
 
-    def __init__(self, tag, dims, strides, box):
+    estrides = None   # element strides (a strided forward's x); set on the instance only then (plan digests)
+
+    def __init__(self, tag, dims, strides, box, estrides=None):
         self.tag, self.dims, self.strides, self.box = tag, dims, strides, box
+        if estrides is not None:
+            self.estrides = estrides
 
     def encode(self, address):
-        return TM.encode_tiled(self.tag, address, self.dims, self.strides, self.box)
+        return TM.encode_tiled(self.tag, address, self.dims, self.strides, self.box, elem_strides=self.estrides)
 
 
 def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
@@ -222,7 +231,7 @@ def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
     q = ConvTmaParams()
     q.p = p
     n, P, Q = pb.n, pb.out3[1], pb.out3[2]
-    tw, th, tn = _box(n, P, Q)
+    tw, th, tn = _box(n, P, Q, pb.stride3[1], pb.stride3[2])
     q.tw, q.th, q.tn = tw, th, tn
     q.tiles_w, q.tiles_h, q.tiles_n = cdiv(Q, tw), cdiv(P, th), cdiv(n, tn)
     tiles_px = q.tiles_w * q.tiles_h * q.tiles_n
@@ -240,8 +249,12 @@ def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
         mw = _Map(pb.tag, (pb.k, S, R, C), (bkn_ws[4] * es, bkn_ws[3] * es, bkn_ws[0] * es), (64, 1, 1, BK))
     else:     # (K, taps, C) packed, C this forward's input channels: boxes of 64 of them x 1 tap x BN of K
         mw = _Map(pb.tag, (C, R * S, pb.k), (C * es, R * S * C * es), (BK, 1, bn))
-    pl.maps = (TM.MapCache(_Map(pb.tag, (C, W, H, n), (xs[4] * es, xs[3] * es, xs[0] * es), (BK, tw, th, tn))),
-               TM.MapCache(mw))
+    # x: a box of tw x th x tn output pixels' windows for one tap; strided, the box spans tw * stride columns
+    # (th * stride rows) of x and loads every stride-th (the map's element strides): the same 128 rows of 64 c
+    sh, sw = pb.stride3[1], pb.stride3[2]
+    mx = _Map(pb.tag, (C, W, H, n), (xs[4] * es, xs[3] * es, xs[0] * es), (BK, tw * sw, th * sh, tn),
+              (1, sw, sh, 1) if (sh, sw) != (1, 1) else None)
+    pl.maps = (TM.MapCache(mx), TM.MapCache(mw))
     pl.grid = (max(1, min(items, handle.sm_count)), 1, 1)
     pl.argv = driver.kernel_args(q)
     pl.bn = bn
@@ -271,7 +284,10 @@ def tma_top(handle, pl):
         return pl
     if mode != "always" and (tuning.conv.TC_FORCE.get(DIR_FWD) is not None or pl.problem.k < MIN_K):
         return pl   # a forced tiling runs as forced; K < MIN_K: not measured faster
-    if tma_refusal(handle, pl.problem) is not None:
+    strided = bool(tuning.conv.FWD_TMA_STRIDED)
+    if pl.problem.stride3 != (1, 1, 1) and not strided:
+        return pl   # a strided forward: its own switch (FWD_TMA's mode rules the rest)
+    if tma_refusal(handle, pl.problem, strided=strided) is not None:
         return pl
     return plan_tma(handle, pl.problem, pl.algo, pl)
 
@@ -410,3 +426,42 @@ def tma_dgrad_phase_top(handle, pl):
 
 register_top(tma_dgrad_top, scope="own")
 register_top(tma_dgrad_phase_top, scope="sub")
+
+
+# ----------------------------------------------------------------------------- the direct 1x1 GEMM plans
+#
+# The GEMM algorithm's direct 1x1 plan (gemm.py: one pydnn.ops.matmul on NHWC x, or dy, itself) runs matmul's
+# mma.sync gemm_tc tile where the reduction is short (matmul takes its wgmma / TMA tiles from K >= 256-512):
+# one block a 128 x 256 tile, its single K tile's loads not overlapped with its stores, ~1.1 TB/s on layers
+# that are memory-bound (the sweep, H200, 2026-11-28: 31 such points at 0.29-0.61x cuDNN, e.g. N128 1x1
+# 64->256 @56 forward 0.2232 ms against cuDNN's 0.0723). fwd_tma is persistent: its producer runs STAGES K
+# tiles (here: items) ahead of the consumers' epilogues.
+
+def _mm_tc(mp):
+    """Whether a matmul plan runs the mma.sync gemm_tc tile (no wgmma / TMA form)."""
+    return mp is not None and getattr(mp, "tma", None) is None and "gemm_tc<" in (mp.fast.expr if mp.fast else "")
+
+
+def gemm1x1_top(handle, pl):
+    """plans.register_top's hook (a call's own plan): tuning.conv.TMA_1X1 moves a direct 1x1 GEMM plan whose matmul
+    is gemm_tc to fwd_tma (forward: tma_refusal, K >= MIN_K; backward data: the direct DgradTmaPlan under
+    dgrad_refusal, C >= MIN_K, not where slower_than_replaced objects), the GEMM plan its fallback (a misaligned
+    call, maps that do not encode) and its estimate (Get..._v7's ranking is unchanged)."""
+    mode = tuning.conv.TMA_1X1
+    if not mode or not getattr(pl, "direct", False) or pl.fold is not None:
+        return pl
+    from . import gemm
+    pb = pl.problem
+    if pl.direction == DIR_FWD and type(pl) is gemm.GemmPlan:
+        if not _mm_tc(pl.mm[0]) or pl.mm[1] or pb.k < MIN_K or tma_refusal(handle, pb) is not None:
+            return pl
+        return plan_tma(handle, pb, pl.algo, pl)
+    if pl.direction == DIR_BWD_DATA and type(pl) is gemm.BwdGemmPlan:
+        if not _mm_tc(pl.mm) or pl.filter_a or pb.c < MIN_K or dgrad_refusal(handle, pb, False) is not None:
+            return pl
+        tp = plan_dgrad_tma(handle, pb, pl.algo, pl, False)
+        return pl if slower_than_replaced(handle, tp, pl) is not None else tp
+    return pl
+
+
+register_top(gemm1x1_top, scope="own")

@@ -1,0 +1,38 @@
+"""tools/bench_conv_tma_routes.py end to end on the CPU (test_sweeps_cpu's dry handle: plans run for real, launches do
+nothing, the tensor maps cannot be encoded without a driver): the grid's points each set's switch moves to fwd_tma
+(TMA_1X1: the direct 1x1 GEMM plans on gemm_tc; FWD_TMA_STRIDED: strided forwards), and per row the replaced plan,
+fwd_tma at the chooser's and the forced tile widths, and cuDNN's side are planned, run and written. Its numbers need
+the GPU."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from test_sweeps_cpu import _AnyKernel, dry, dry_main  # noqa: E402,F401 - fixtures
+
+
+@pytest.mark.parametrize("which", ["1x1", "strided"])
+def test_sweep_rows(dry_main, which):
+    import bench_conv_tma_routes as B
+    import pydnn
+    table, looked = B.sweep_rows(pydnn.create(), which)
+    assert 0 < len(table) <= (2 if which == "1x1" else 1) * looked
+    for name, d, n, c, k, hw, r, pad, stride in table:
+        assert (r, stride, d in ("fwd", "bwd data")) == (1, 1, True) if which == "1x1" else (stride > 1 and d == "fwd")
+
+
+@pytest.mark.parametrize("which", ["1x1", "strided"])
+def test_bench_dry(dry_main, tmp_path, monkeypatch, which):
+    pytest.importorskip("torch")
+    import bench_conv_tma_routes as B
+    import pydnn
+    table, looked = B.sweep_rows(pydnn.create(), which)
+    monkeypatch.setattr(B, "sweep_rows", lambda h, w="1x1": ([table[0], table[-1]], looked))
+    rows = B.main(["--set", which, "--out", str(tmp_path), "--reps", "1", "--bns", "64,256"])
+    assert len(rows) == 2
+    for r in rows:
+        assert "model_ms" in r and "tma_ms" in r and "cudnn_ms" in r and r["bn"] in (64, 128, 256), r
+        assert all(f"bn{b}_ms" in r for b in (64, 256) if b != r["bn"])
+        assert "maps not encoded" in r.get("note", "")   # (a CPU handle: the fallback ran)
+    assert (tmp_path / f"bench_conv_tma_{which}.jsonl").exists()
