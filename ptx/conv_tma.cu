@@ -24,6 +24,7 @@
 // Host: pydnn/ops/convolution/conv_tma.py (tuning.conv.FWD_TMA).
 #include "convolution.cu"
 #include "conv_tma_params.h"
+#include "common/quad.cuh"
 #include "common/tma.cuh"
 
 namespace pydnn {
@@ -163,6 +164,31 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
       wgmma::fence_operands(acc);
       if (ktiles > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
       // acc[4 j + 2 h + e]: tile row wg * 64 + warp * 16 + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e.
+      if (plain && q.wide) {  // 16 bytes a lane: groups 4 jj .. 4 jj + 3 transposed over the quad (quad::transpose),
+        // lane t then holds group 4 jj + t's 8 channels (K % 8 == 0: a group lies in y or past K whole)
+        const int t = lane & 3;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = wg * 64 + warp * 16 + (lane >> 2) + 8 * h;
+          const int wi = row % q.tw, hi = (row / q.tw) % q.th, ni = row / (q.tw * q.th);
+          const int n = nb + ni, oh = h0 + hi, ow = w0 + wi;
+          const bool live = n < p.batch && oh < P && ow < Q;
+          T* yrow = out + ((long long)n * p.ys[0] + (long long)oh * p.ys[3] + (long long)ow * p.ys[4]);
+#pragma unroll
+          for (int jj = 0; jj < BN / 32; ++jj) {
+            unsigned x[4];
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+              const int j = 4 * jj + s;
+              x[s] = pack16x2<T>(acc[4 * j + 2 * h] * alpha, acc[4 * j + 2 * h + 1] * alpha);
+            }
+            quad::transpose(x);  // every lane of the warp: full-mask shuffles
+            const int ch = n0 + 8 * (4 * jj + t);
+            if (live && ch < p.gn) *reinterpret_cast<uint4*>(yrow + ch) = make_uint4(x[0], x[1], x[2], x[3]);
+          }
+        }
+        continue;
+      }
       // The plain call (alpha only) scales; anything else goes through epilogue_value (beta, z, bias,
       // activation). Channel pairs as one 32-bit word where y's channels are contiguous and 4-byte aligned
       // pairs (FLAG_PAIR, set per call).

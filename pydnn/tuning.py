@@ -183,6 +183,11 @@ conv = Switches(
                             "strides), so a strided tap's window is one box as a stride-1 one; True where FWD_TMA "
                             "takes the problem, False never (not GPU-measured yet: tools/bench_conv_tma_routes.py "
                             "--set strided)"),
+    FWD_TMA_WIDE=(False, "fwd_tma's plain epilogue (alpha only) stores 16 bytes a lane (a quad's 4 x 4 transpose "
+                         "of packed pairs, ptx/common/quad.cuh, as matmul's gemm_tma WIDE store: whole 32-byte "
+                         "sectors a warp store instead of half ones) where y's channels are contiguous, its rows "
+                         "16-byte aligned and K % 8 == 0 (not GPU-measured yet: tools/bench_conv_tma_routes.py's "
+                         "`wide` route)"),
     FWD_TMA_BN=(None, "fwd_tma's tile width in output channels (64, 128 or 256); None: conv_tma._bn's choice"),
     DGRAD_TMA=(True, "sm_90: a call's own unsplit stride-1 backward-data plan on fwd_wgmma runs fwd_tma instead "
                      "(the forward of dy; B read MN-major from the packed KRSC filter by TMA, or from "

@@ -15,7 +15,8 @@ Per row: `model` (the switch off: the plan it replaces), `tma` (on, conv_tma._bn
 forced through tuning.conv.FWD_TMA_BN) for each --bns width other than the chooser's; each route's output checked
 against PyTorch first (poisoned with NaN, max error / max |ref| <= 2e-2), then device ms per call from CUDA graphs of
 back-to-back calls (sweep_common.graph_ms), and cuDNN (conv2d / aten.convolution_backward, cudnn.benchmark) in the
-same run. Ratio = cuDNN ms / pydnn ms. `GB/s`: x (or dy) read once and y (or dx) written once over the time.
+same run; with --wide 1 (default) also `wide` / `wide<W>`: the same with the 16-byte store (tuning.conv.FWD_TMA_WIDE).
+Ratio = cuDNN ms / pydnn ms. `GB/s`: x (or dy) read once and y (or dx) written once over the time.
 """
 import argparse
 import json
@@ -101,6 +102,7 @@ def main(argv=None):
     ap.add_argument("--set", default="1x1", choices=sorted(SWITCH))
     ap.add_argument("--rows", default="")
     ap.add_argument("--bns", default="64,128,256", help="tile widths to force beside the chooser's")
+    ap.add_argument("--wide", type=int, default=1, help="1: also time the 16-byte store (FWD_TMA_WIDE)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -161,8 +163,8 @@ def main(argv=None):
             a_ptr, b_ptr = dy.data_ptr(), w.data_ptr()
         ref = cudnn().float()
 
-        def plan_with(mode, bn=None):
-            with tuning.override({switch: mode, "conv.FWD_TMA_BN": bn}):
+        def plan_with(mode, bn=None, wide=False):
+            with tuning.override({switch: mode, "conv.FWD_TMA_BN": bn, "conv.FWD_TMA_WIDE": wide}):
                 return CP.new_plan(h, D, algo, conv, xd, wd, yd)
 
         def run(route, pl):
@@ -197,6 +199,15 @@ def main(argv=None):
                 if bn != tp.bn:
                     run(f"bn{bn}", plan_with(True, bn))
                     routes.append(f"bn{bn}")
+            if args.wide:   # the 16-byte store (FWD_TMA_WIDE) at the chooser's width and the forced ones
+                for bn in [None] + [b for b in bns if b != tp.bn]:
+                    wp = plan_with(True, bn, True)
+                    route = "wide" if bn is None else f"wide{bn}"
+                    if not wp.wide_ok:
+                        row["note"] = row.get("note", "") + f" {route}: not taken"
+                        continue
+                    run(route, wp)
+                    routes.append(route)
         else:
             row["note"] = row.get("note", "") + f" not moved ({type(tp).__name__})"
         row["cudnn_ms"] = timer(cudnn)
@@ -214,7 +225,7 @@ def main(argv=None):
         jf.write(json.dumps(row) + "\n")
         jf.flush()
         g = lambda key, sp=".4f": format(row[key], sp) if row.get(key) is not None else "-"  # noqa: E731
-        extra = " ".join(f"bn{b} {g(f'bn{b}_ms')}" for b in bns if f"bn{b}_ms" in row)
+        extra = " ".join(f"{r} {g(f'{r}_ms')}" for r in routes if r not in ("model", "tma", "cudnn"))
         print(f"{d:8s} {name:52s} model {g('model_ms')} ({g('model_ratio', '.3f')}x, {g('model_gbps', '.0f')} GB/s) "
               f"tma {g('tma_ms')} ({g('tma_ratio', '.3f')}x, {g('tma_gbps', '.0f')} GB/s) BN {row.get('bn')} {extra} "
               f"cuDNN {g('cudnn_ms')} ({g('cudnn_gbps', '.0f')} GB/s) tma/model {g('tma_over_model', '.3f')} "
@@ -222,16 +233,20 @@ def main(argv=None):
         x = w = dy = out = ref = None  # noqa: F841 - freed before the next row
         torch.cuda.empty_cache()
     jf.close()
-    keys = ["model_ratio", "tma_ratio"] + [f"bn{b}_ratio" for b in bns] + ["tma_over_model"]
+    keys = (["model_ratio", "tma_ratio"] + [f"bn{b}_ratio" for b in bns] + ["wide_ratio"]
+            + [f"wide{b}_ratio" for b in bns] + ["tma_over_model"])
     for key in keys:
         v = [r[key] for r in rows if r.get(key)]
         if v:
             print(f"{key}: geomean {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)} "
                   f"(min {min(v):.3f}, max {max(v):.3f})")
-    v = [r["cudnn_ms"] / min(r[f"{x}_ms"] for x in ["tma"] + [f"bn{b}" for b in bns] if r.get(f"{x}_ms"))
-         for r in rows if r.get("tma_ms")]
-    if v:
-        print(f"best width per row vs cuDNN: geomean {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)}")
+    for label, pre in (("plain store", ["tma"] + [f"bn{b}" for b in bns]),
+                       ("16-byte store", ["wide"] + [f"wide{b}" for b in bns])):
+        v = [r["cudnn_ms"] / min(r[f"{x}_ms"] for x in pre if r.get(f"{x}_ms")) for r in rows
+             if any(r.get(f"{x}_ms") for x in pre)]
+        if v:
+            print(f"best width per row vs cuDNN, {label}: geomean {math.exp(sum(map(math.log, v)) / len(v)):.3f} "
+                  f"over {len(v)}")
     print(f"elapsed {time.monotonic() - t0:.1f} s")
     return rows
 

@@ -1,7 +1,8 @@
 """tools/bench_conv_tma_routes.py end to end on the CPU (test_sweeps_cpu's dry handle: plans run for real, launches do
 nothing, the tensor maps cannot be encoded without a driver): the grid's points each set's switch moves to fwd_tma
 (TMA_1X1: the direct 1x1 GEMM plans on gemm_tc; FWD_TMA_STRIDED: strided forwards), and per row the replaced plan,
-fwd_tma at the chooser's and the forced tile widths, and cuDNN's side are planned, run and written. Its numbers need
+fwd_tma at the chooser's and the forced tile widths (plain and 16-byte stores), and cuDNN's side are planned, run and
+written. Its numbers need
 the GPU."""
 import os
 import sys
@@ -33,6 +34,7 @@ def test_bench_dry(dry_main, tmp_path, monkeypatch, which):
     assert len(rows) == 2
     for r in rows:
         assert "model_ms" in r and "tma_ms" in r and "cudnn_ms" in r and r["bn"] in (64, 128, 256), r
-        assert all(f"bn{b}_ms" in r for b in (64, 256) if b != r["bn"])
+        assert all(f"bn{b}_ms" in r and f"wide{b}_ms" in r for b in (64, 256) if b != r["bn"])
+        assert "wide_ms" in r   # the 16-byte store (FWD_TMA_WIDE) at the chooser's width
         assert "maps not encoded" in r.get("note", "")   # (a CPU handle: the fallback ran)
     assert (tmp_path / f"bench_conv_tma_{which}.jsonl").exists()

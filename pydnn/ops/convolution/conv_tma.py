@@ -54,7 +54,8 @@ class ConvTmaParams(ctypes.Structure):
     _fields_ = [("map_x", ctypes.c_uint64 * 16), ("map_w", ctypes.c_uint64 * 16), ("p", ConvParams),
                 ("tw", ctypes.c_int), ("th", ctypes.c_int), ("tn", ctypes.c_int),
                 ("tiles_w", ctypes.c_int), ("tiles_h", ctypes.c_int), ("tiles_n", ctypes.c_int),
-                ("tiles_k", ctypes.c_int), ("cblocks", ctypes.c_int), ("pad_tail", ctypes.c_int * 6)]
+                ("tiles_k", ctypes.c_int), ("cblocks", ctypes.c_int), ("wide", ctypes.c_int),
+                ("pad_tail", ctypes.c_int * 5)]
 
 
 BKN_UNITS = {0: "tma", 1: "tma_dgrad", 2: "tma_phase"}
@@ -153,6 +154,8 @@ def _box(n, P, Q, sh=1, sw=1):
 class TmaPlan(StepPlan):
     """fwd_tma's launch: the maps of x and the filter per base address, then one kernel."""
 
+    wide_ok = False   # the 16-byte store (plan_tma sets it where tuning.conv.FWD_TMA_WIDE takes the output)
+
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         if not self.encode(a_ptr, b_ptr):
             return self.fallback_run(handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr, bias_ptr)
@@ -179,6 +182,7 @@ class TmaPlan(StepPlan):
         p.alpha, p.beta = alpha, beta
         p.flags = ((p.flags & ~(FLAG_BETA | FLAG_PAIR)) | (FLAG_BETA if beta != 0 else 0)
                    | (FLAG_PAIR if self.pair_ok and out_ptr % 4 == 0 else 0))
+        self.q.wide = int(self.wide_ok and out_ptr % 16 == 0)   # (the kernel takes it for the plain epilogue only)
         if self.func is None:
             self.func = handle.function(self.unit_name, self.expr)
             driver.function_set_max_dynamic_smem(self.func, self.smem)
@@ -264,6 +268,9 @@ def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
     pl.smem = smem(bn)
     ys = pb.ys
     pl.pair_ok = ys[1] == 1 and all(ys[i] % 2 == 0 for i in (0, 2, 3, 4))
+    # the 16-byte store (tuning.conv.FWD_TMA_WIDE): y's channels contiguous, its rows 16-byte strided, K % 8 == 0
+    if tuning.conv.FWD_TMA_WIDE and ys[1] == 1 and all(ys[i] % 8 == 0 for i in (0, 3, 4)) and pb.k % 8 == 0:
+        pl.wide_ok = True
     pl.items = items
     return pl
 

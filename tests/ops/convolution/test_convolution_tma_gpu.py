@@ -198,6 +198,48 @@ def test_tma_1x1_gemm_backward_data(handle, rng, monkeypatch, case, dtype):
                         BWD_DATA_MODES + ((XCORR, 0.5, -1.0),), reproducible=True)
 
 
+@pytest.mark.parametrize("bn", CTMA.BNS)
+@pytest.mark.parametrize("case", [CASES[4], CASES[5], CASES[7], STRIDED[1]], ids=["k192", "k136", "img7", "s1x1"])
+def test_tma_wide_store(handle, rng, monkeypatch, case, bn):
+    """FWD_TMA_WIDE: the plain epilogue's 16-byte stores (a quad's transpose) on K tails (192, 136: a group of 8
+    channels in y or past K whole), rows past the image's edges, each tile width; the blended call (beta) keeps the
+    per-pair epilogue. K 10 (not a multiple of 8) does not take it."""
+    _need_sm90(handle)
+    _on(monkeypatch)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_WIDE", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", bn)
+
+    def planned(pb):
+        assert _planned_on_tma(handle, pb).wide_ok
+
+    check_forward(handle, rng, lambda mode: _tc_problem(case, BF16, mode), BF16, FWD_PRE, f"fwd_tma wide BN {bn}",
+                  before=planned)
+    assert not _planned_on_tma(handle, _tc_problem(CASES[0], BF16, XCORR)).wide_ok
+
+
+@pytest.mark.parametrize("case", ONE_BY_ONE, ids=["c64", "tails", "c128"])
+def test_tma_wide_1x1_backward_data(handle, rng, monkeypatch, case):
+    """The 16-byte store into dx (TMA_1X1's DgradTmaPlan), the persistent walk on 3 blocks."""
+    _need_sm90(handle)
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_WIDE", True)
+    (n, c, hh, ww), k = case
+    pb = _one_by_one(((n, k, hh, ww), c), BF16, XCORR)
+    pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0, pb.conv, pb.x.desc, pb.wdesc,
+                     pb.y.desc)
+    assert isinstance(pl, CTMA.DgradTmaPlan) and pl.wide_ok
+    pl.grid = (min(3, pl.items), 1, 1)
+    dy, w = pb.y.random(rng), pb.w.random(rng)
+    pb.x.poison()
+    CP.run_plan(handle, pl, pb.y.ptr, pb.w.ptr, pb.x.ptr, 0, 1.0, 0.0)
+    assert pb.y.ptr in pl.maps[0].known and pb.w.ptr in pl.maps[1].known, "the maps did not encode"
+    want = ref.backward_data_raw(w, dy, pb.x.dims[2:], *pb.args())
+    assert_close(pb.x.download(), want, BF16, "fwd_tma wide dx",
+                 scale=ref.backward_data_raw(np.abs(w), np.abs(dy), pb.x.dims[2:], *pb.args()))
+    pb.x.check_untouched()
+
+
 @pytest.mark.parametrize("z_layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("case", [CASES[0], CASES[4]], ids=["c0", "k192"])
 def test_tma_bias_activation(handle, rng, monkeypatch, case, z_layout):
