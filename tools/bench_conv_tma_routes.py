@@ -4,9 +4,11 @@ in one run:
   --set 1x1      tuning.conv.TMA_1X1 (conv_tma.gemm1x1_top): the direct 1x1 GEMM plans (gemm.py's matmul on x / dy
                  itself) whose matmul runs the mma.sync gemm_tc tile, forward and backward data;
   --set strided  tuning.conv.FWD_TMA_STRIDED: strided forwards (x's TMA box walks every stride-th pixel) in place of
-                 their fwd_wgmma plan.
+                 their fwd_wgmma plan;
+  --set wide     tuning.conv.FWD_TMA_WIDE: the stride-1 forwards already on fwd_tma, the 16-byte epilogue store on
+                 (`tma`) against off (`model`); use with --wide 0.
 
-    python3 tools/bench_conv_tma_routes.py --set 1x1|strided [--rows 0,1,..] [--bns 64,128,256] [--reps 5]
+    python3 tools/bench_conv_tma_routes.py --set 1x1|strided|wide [--rows 0,1,..] [--bns 64,128,256] [--reps 5]
                                            [--budget-s S] [--out DIR]
 
 Rows: every point of tools/sweep_conv.py's grid (forward / backward data) whose Get..._v7 plan the set's switch moves
@@ -29,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-SWITCH = {"1x1": "conv.TMA_1X1", "strided": "conv.FWD_TMA_STRIDED"}
+SWITCH = {"1x1": "conv.TMA_1X1", "strided": "conv.FWD_TMA_STRIDED", "wide": "conv.FWD_TMA_WIDE"}
 
 
 def _out(hh, r, pad, stride):
@@ -75,7 +77,7 @@ def sweep_rows(h, which="1x1"):
             continue
         if which == "1x1" and (pr["r"] != 1 or pr["stride"] != 1 or pr["pad"] != 0):
             continue
-        if which == "strided" and pr["stride"] == 1:
+        if (which == "strided" and pr["stride"] == 1) or (which == "wide" and pr["stride"] != 1):
             continue
         key = (pr["n"], pr["c"], pr["k"], pr["h"], pr["r"], pr["pad"], pr["stride"])
         if key in seen:
@@ -92,7 +94,10 @@ def sweep_rows(h, which="1x1"):
                     base = CP.new_plan(h, D, algo, conv, xd, wd, yd)
             except pydnn.PydnnError:
                 continue
-            if isinstance(pl, CTMA.TmaPlan) and not isinstance(base, CTMA.TmaPlan):
+            if which == "wide":   # the stride-1 forwards already on fwd_tma: the 16-byte store on / off
+                if isinstance(pl, CTMA.TmaPlan) and pl.wide_ok:
+                    out.append((sweep_conv.case_name(pr), d) + key)
+            elif isinstance(pl, CTMA.TmaPlan) and not isinstance(base, CTMA.TmaPlan):
                 out.append((sweep_conv.case_name(pr), d) + key)
     return out, looked
 
@@ -164,7 +169,7 @@ def main(argv=None):
         ref = cudnn().float()
 
         def plan_with(mode, bn=None, wide=False):
-            with tuning.override({switch: mode, "conv.FWD_TMA_BN": bn, "conv.FWD_TMA_WIDE": wide}):
+            with tuning.override({"conv.FWD_TMA_BN": bn, "conv.FWD_TMA_WIDE": wide, switch: mode}):
                 return CP.new_plan(h, D, algo, conv, xd, wd, yd)
 
         def run(route, pl):

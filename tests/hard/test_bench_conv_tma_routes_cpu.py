@@ -13,14 +13,33 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from test_sweeps_cpu import _AnyKernel, dry, dry_main  # noqa: E402,F401 - fixtures
 
 
-@pytest.mark.parametrize("which", ["1x1", "strided"])
+@pytest.mark.parametrize("which", ["1x1", "strided", "wide"])
 def test_sweep_rows(dry_main, which):
     import bench_conv_tma_routes as B
     import pydnn
     table, looked = B.sweep_rows(pydnn.create(), which)
     assert 0 < len(table) <= (2 if which == "1x1" else 1) * looked
     for name, d, n, c, k, hw, r, pad, stride in table:
-        assert (r, stride, d in ("fwd", "bwd data")) == (1, 1, True) if which == "1x1" else (stride > 1 and d == "fwd")
+        if which == "1x1":
+            assert (r, stride) == (1, 1) and d in ("fwd", "bwd data")
+        else:
+            assert d == "fwd" and (stride > 1) == (which == "strided")
+
+
+def test_bench_wide_dry(dry_main, tmp_path, monkeypatch):
+    """--set wide: the model route is fwd_tma with the plain store, `tma` the 16-byte one."""
+    pytest.importorskip("torch")
+    import bench_conv_tma_routes as B
+    import pydnn
+    from pydnn.ops.convolution import conv_tma as CTMA
+    table, looked = B.sweep_rows(pydnn.create(), "wide")
+    monkeypatch.setattr(B, "sweep_rows", lambda h, w="1x1": ([table[0]], looked))
+    seen = []
+    real = CTMA.TmaPlan.launch
+    monkeypatch.setattr(CTMA.TmaPlan, "launch", lambda self, *a, **kw: (seen.append(self.wide_ok), real(self, *a, **kw)))
+    rows = B.main(["--set", "wide", "--out", str(tmp_path), "--reps", "1", "--bns", "", "--wide", "0"])
+    assert len(rows) == 1 and "model_ms" in rows[0] and "tma_ms" in rows[0]
+    assert False in seen and True in seen
 
 
 @pytest.mark.parametrize("which", ["1x1", "strided"])
