@@ -6,9 +6,11 @@ in one run:
   --set strided  tuning.conv.FWD_TMA_STRIDED: strided forwards (x's TMA box walks every stride-th pixel) in place of
                  their fwd_wgmma plan;
   --set wide     tuning.conv.FWD_TMA_WIDE: the stride-1 forwards already on fwd_tma, the 16-byte epilogue store on
-                 (`tma`) against off (`model`); use with --wide 0.
+                 (`tma`) against off (`model`); use with --wide 0;
+  --set few      stride-1 forwards / backward data whose plan stays off fwd_tma today (fwd_wgmma split-K over too
+                 few blocks, or kept by conv_tma.slower_than_replaced): fwd_tma whole (FEW_ON) against that plan.
 
-    python3 tools/bench_conv_tma_routes.py --set 1x1|strided|wide [--rows 0,1,..] [--bns 64,128,256] [--reps 5]
+    python3 tools/bench_conv_tma_routes.py --set 1x1|strided|wide|few [--rows 0,1,..] [--bns 64,128,256] [--reps 5]
                                            [--budget-s S] [--out DIR]
 
 Rows: every point of tools/sweep_conv.py's grid (forward / backward data) whose Get..._v7 plan the set's switch moves
@@ -31,7 +33,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-SWITCH = {"1x1": "conv.TMA_1X1", "strided": "conv.FWD_TMA_STRIDED", "wide": "conv.FWD_TMA_WIDE"}
+SWITCH = {"1x1": "conv.TMA_1X1", "strided": "conv.FWD_TMA_STRIDED", "wide": "conv.FWD_TMA_WIDE", "few": "few"}
+# --set few: the stride-1 points whose v7 plan stays off fwd_tma (fwd_wgmma split-K over too few blocks, or kept by
+# conv_tma.slower_than_replaced): on = fwd_tma taken whole ("always", no split), off = the defaults
+FEW_ON = {"conv.FWD_TMA": "always", "conv.DGRAD_TMA": "always", "conv.WGM_SPLIT": 1}
+
+
+def _switches(switch, mode):
+    """The overrides of a set's switch at mode (False / True / "always")."""
+    if switch == "few":
+        return dict(FEW_ON) if mode else {}
+    return {switch: mode}
 
 
 def _out(hh, r, pad, stride):
@@ -71,13 +83,14 @@ def sweep_rows(h, which="1x1"):
 
     probs, _ = sweep_conv.grid(0, False)
     out, seen, looked = [], set(), 0
-    dirs = (("fwd", CPb.DIR_FWD), ("bwd data", CPb.DIR_BWD_DATA)) if which == "1x1" else (("fwd", CPb.DIR_FWD),)
+    dirs = ((("fwd", CPb.DIR_FWD), ("bwd data", CPb.DIR_BWD_DATA)) if which in ("1x1", "few")
+            else (("fwd", CPb.DIR_FWD),))
     for pr in probs:
         if pr["groups"] != 1:
             continue
         if which == "1x1" and (pr["r"] != 1 or pr["stride"] != 1 or pr["pad"] != 0):
             continue
-        if (which == "strided" and pr["stride"] == 1) or (which == "wide" and pr["stride"] != 1):
+        if (which == "strided" and pr["stride"] == 1) or (which in ("wide", "few") and pr["stride"] != 1):
             continue
         key = (pr["n"], pr["c"], pr["k"], pr["h"], pr["r"], pr["pad"], pr["stride"])
         if key in seen:
@@ -88,9 +101,9 @@ def sweep_rows(h, which="1x1"):
         for d, D in dirs:
             try:
                 algo = _v7(h, d, conv, xd, wd, yd)
-                with tuning.override({SWITCH[which]: True}):
+                with tuning.override(_switches(SWITCH[which], True)):
                     pl = CP.new_plan(h, D, algo, conv, xd, wd, yd)
-                with tuning.override({SWITCH[which]: False}):
+                with tuning.override(_switches(SWITCH[which], False)):
                     base = CP.new_plan(h, D, algo, conv, xd, wd, yd)
             except pydnn.PydnnError:
                 continue
@@ -169,7 +182,7 @@ def main(argv=None):
         ref = cudnn().float()
 
         def plan_with(mode, bn=None, wide=False):
-            with tuning.override({"conv.FWD_TMA_BN": bn, "conv.FWD_TMA_WIDE": wide, switch: mode}):
+            with tuning.override({"conv.FWD_TMA_BN": bn, "conv.FWD_TMA_WIDE": wide, **_switches(switch, mode)}):
                 return CP.new_plan(h, D, algo, conv, xd, wd, yd)
 
         def run(route, pl):

@@ -13,15 +13,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from test_sweeps_cpu import _AnyKernel, dry, dry_main  # noqa: E402,F401 - fixtures
 
 
-@pytest.mark.parametrize("which", ["1x1", "strided", "wide"])
+@pytest.mark.parametrize("which", ["1x1", "strided", "wide", "few"])
 def test_sweep_rows(dry_main, which):
     import bench_conv_tma_routes as B
     import pydnn
     table, looked = B.sweep_rows(pydnn.create(), which)
-    assert 0 < len(table) <= (2 if which == "1x1" else 1) * looked
+    assert 0 < len(table) <= (2 if which in ("1x1", "few") else 1) * looked
     for name, d, n, c, k, hw, r, pad, stride in table:
         if which == "1x1":
             assert (r, stride) == (1, 1) and d in ("fwd", "bwd data")
+        elif which == "few":
+            assert stride == 1 and d in ("fwd", "bwd data")
         else:
             assert d == "fwd" and (stride > 1) == (which == "strided")
 
@@ -42,7 +44,7 @@ def test_bench_wide_dry(dry_main, tmp_path, monkeypatch):
     assert False in seen and True in seen
 
 
-@pytest.mark.parametrize("which", ["1x1", "strided"])
+@pytest.mark.parametrize("which", ["1x1", "strided", "few"])
 def test_bench_dry(dry_main, tmp_path, monkeypatch, which):
     pytest.importorskip("torch")
     import bench_conv_tma_routes as B
