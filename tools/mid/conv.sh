@@ -1,7 +1,8 @@
 # conv (issue 18): routes onto fwd_tma, each against the plan it replaces and cuDNN on the sweep's points (bf16 NHWC,
 # one H200): DGRAD_TMA_PHASES (strided backward data's phases), TMA_1X1 (the direct 1x1 GEMM plans on gemm_tc),
 # FWD_TMA_STRIDED (strided forwards: x's box with element strides), FWD_TMA_WIDE (16-byte epilogue stores, on the
-# 1x1 rows). Holds timing: do not share the GPU. Timings first, then the new GPU tests (bf16), as time allows.
+# 1x1 rows). Holds timing: do not share the GPU. Timings first, then the new GPU tests (bf16), then (time left) fwd_tma
+# whole on the stride-1 points that stay on fwd_wgmma today (--set few).
 mkdir -p "$OUT"
 T0=$SECONDS
 left() { echo $(( 146 - (SECONDS - T0) )); }
@@ -30,5 +31,11 @@ if [ "$L" -gt 10 ]; then
   timeout "$L" python3 -m pytest -q -p no:cacheprovider tests/ops/convolution/test_convolution_tma_dgrad_gpu.py \
     -k "phases and not half" > "$OUT/tests_phases.txt" 2>&1
   echo "phase tests rc $? at $((SECONDS - T0)) s"; grep -E "passed|failed|Error|assert" "$OUT/tests_phases.txt" | tail -4
+fi
+L=$(( $(left) - 3 ))
+if [ "$L" -gt 10 ]; then
+  timeout "$L" python3 tools/bench_conv_tma_routes.py --set few --bns 64 --wide 0 --reps 5 --budget-s $((L - 5)) \
+    --out "$OUT" > "$OUT/rfew.txt" 2>&1
+  echo "few rc $? at $((SECONDS - T0)) s"; cut -c1-260 "$OUT/rfew.txt"
 fi
 echo "done at $((SECONDS - T0)) s"
