@@ -114,6 +114,7 @@ def test_strided_maps_and_switch(h, tma_on, monkeypatch):
     """FWD_TMA_STRIDED: off, a strided forward keeps its fwd_wgmma plan; on, x's box spans tw * stride columns
     (th * stride rows) and walks every stride-th (element strides (1, s, s, 1)); no box dim past 256 (stride 3 on
     a wide image: tw <= 64); strides past 8 (a TMA element stride's limit) refused."""
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", False)
     assert not isinstance(_plan(h, 8, 64, 64, 56, 3, 1, stride=2), T.TmaPlan)
     monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", True)
     pl = _plan(h, 8, 64, 64, 56, 3, 1, stride=2)
@@ -294,11 +295,12 @@ def _plan_dir(h, direction, algo, *a, **kw):
 
 
 def test_gemm1x1_top_moves_only_gemm_tc_plans(h, monkeypatch):
-    """TMA_1X1 (off by default): the direct 1x1 GEMM plans whose matmul runs gemm_tc (a short reduction) move to
+    """TMA_1X1: the direct 1x1 GEMM plans whose matmul runs gemm_tc (a short reduction) move to
     fwd_tma, the GEMM plan their fallback; plans on matmul's wgmma / TMA tiles (a long reduction), NCHW ones (the
     filter as A), K or C under MIN_K stay."""
     from pydnn.ops.convolution import gemm as G
     GEMM, BD0 = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
     fwd = lambda *a, **kw: _plan_dir(h, CPb.DIR_FWD, GEMM, *a, **kw)          # noqa: E731
     bwd = lambda *a, **kw: _plan_dir(h, CPb.DIR_BWD_DATA, BD0, *a, **kw)      # noqa: E731
     base = fwd(64, 64, 256, 56, 1, 0)
