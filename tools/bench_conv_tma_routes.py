@@ -19,7 +19,9 @@ Per row: `model` (the switch off: the plan it replaces), `tma` (on, conv_tma._bn
 forced through tuning.conv.FWD_TMA_BN) for each --bns width other than the chooser's; each route's output checked
 against PyTorch first (poisoned with NaN, max error / max |ref| <= 2e-2), then device ms per call from CUDA graphs of
 back-to-back calls (sweep_common.graph_ms), and cuDNN (conv2d / aten.convolution_backward, cudnn.benchmark) in the
-same run; with --wide 1 (default) also `wide` / `wide<W>`: the same with the 16-byte store (tuning.conv.FWD_TMA_WIDE).
+same run; with --wide 1 (default) also `wide` / `wide<W>`: the same with the 16-byte store (tuning.conv.FWD_TMA_WIDE);
+--set 1x1 with --mmtma 1 (default) also `mmtma`: the GEMM plan with its matmul on gemm_tma (matmul's persistent TMA
+tile, which it takes only from K >= 256 / 512 today: the limits lowered for that plan only).
 Ratio = cuDNN ms / pydnn ms. `GB/s`: x (or dy) read once and y (or dx) written once over the time.
 """
 import argparse
@@ -121,6 +123,7 @@ def main(argv=None):
     ap.add_argument("--rows", default="")
     ap.add_argument("--bns", default="64,128,256", help="tile widths to force beside the chooser's")
     ap.add_argument("--wide", type=int, default=1, help="1: also time the 16-byte store (FWD_TMA_WIDE)")
+    ap.add_argument("--mmtma", type=int, default=1, help="--set 1x1: also time matmul's gemm_tma on the GEMM plan")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -207,8 +210,24 @@ def main(argv=None):
         base = plan_with(False)
         row["model_kernel"] = getattr(base, "gemm_expr", type(base).__name__)
         run("model", base)
+        if args.set == "1x1" and args.mmtma:
+            # for comparison: the same GEMM plan on matmul's persistent gemm_tma, which pydnn.ops.matmul takes only
+            # from K >= WG_MIN_K_PERSIST / WG_MIN_K (256 / 512) today (the limits lowered here for this plan only)
+            from pydnn.ops import matmul as MM
+            saved = MM.WG_MIN_K, MM.WG_MIN_K_PERSIST
+            try:
+                MM.WG_MIN_K = MM.WG_MIN_K_PERSIST = 16
+                mp_plan = plan_with(False)
+            finally:
+                MM.WG_MIN_K, MM.WG_MIN_K_PERSIST = saved
+            mm = mp_plan.mm[0] if fwd else mp_plan.mm
+            row["mmtma_kernel"] = (mm.tma or mm.fast).expr.split("::")[-1][:60]
+            if mm.tma is not None:
+                run("mmtma", mp_plan)
+            else:
+                row["note"] = row.get("note", "") + " mmtma: matmul did not take gemm_tma"
         tp = plan_with(True)
-        routes = ["model"]
+        routes = ["model"] + (["mmtma"] if row.get("mmtma_ms") else [])
         if isinstance(tp, CTMA.TmaPlan):
             row["bn"], row["items"], row["box"] = tp.bn, tp.items, (tp.q.tw, tp.q.th, tp.q.tn)
             run("tma", tp)
@@ -243,7 +262,9 @@ def main(argv=None):
         jf.write(json.dumps(row) + "\n")
         jf.flush()
         g = lambda key, sp=".4f": format(row[key], sp) if row.get(key) is not None else "-"  # noqa: E731
-        extra = " ".join(f"{r} {g(f'{r}_ms')}" for r in routes if r not in ("model", "tma", "cudnn"))
+        extra = " ".join(f"{r} {g(f'{r}_ms')}" for r in routes if r not in ("model", "tma", "cudnn", "mmtma"))
+        if row.get("mmtma_ms"):
+            extra = f"mmtma {g('mmtma_ms')} ({g('mmtma_ratio', '.3f')}x) " + extra
         print(f"{d:8s} {name:52s} model {g('model_ms')} ({g('model_ratio', '.3f')}x, {g('model_gbps', '.0f')} GB/s) "
               f"tma {g('tma_ms')} ({g('tma_ratio', '.3f')}x, {g('tma_gbps', '.0f')} GB/s) BN {row.get('bn')} {extra} "
               f"cuDNN {g('cudnn_ms')} ({g('cudnn_gbps', '.0f')} GB/s) tma/model {g('tma_over_model', '.3f')} "
@@ -251,7 +272,7 @@ def main(argv=None):
         x = w = dy = out = ref = None  # noqa: F841 - freed before the next row
         torch.cuda.empty_cache()
     jf.close()
-    keys = (["model_ratio", "tma_ratio"] + [f"bn{b}_ratio" for b in bns] + ["wide_ratio"]
+    keys = (["model_ratio", "mmtma_ratio", "tma_ratio"] + [f"bn{b}_ratio" for b in bns] + ["wide_ratio"]
             + [f"wide{b}_ratio" for b in bns] + ["tma_over_model"])
     for key in keys:
         v = [r[key] for r in rows if r.get(key)]

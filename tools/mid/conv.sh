@@ -1,7 +1,7 @@
 # conv (issue 18): routes onto fwd_tma, each against the plan it replaces and cuDNN on the sweep's points (bf16 NHWC,
 # one H200): DGRAD_TMA_PHASES (strided backward data's phases), TMA_1X1 (the direct 1x1 GEMM plans on gemm_tc),
 # FWD_TMA_STRIDED (strided forwards: x's box with element strides), FWD_TMA_WIDE (16-byte epilogue stores, on the
-# 1x1 rows). Holds timing: do not share the GPU. Timings first, then the new GPU tests (bf16), then (time left) fwd_tma
+# 1x1 rows; beside them matmul's gemm_tma on the GEMM plan, `mmtma`). Holds timing: do not share the GPU. Timings first, then the new GPU tests (bf16), then (time left) fwd_tma
 # whole on the stride-1 points that stay on fwd_wgmma today (--set few).
 mkdir -p "$OUT"
 T0=$SECONDS
@@ -9,7 +9,7 @@ left() { echo $(( 146 - (SECONDS - T0) )); }
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv 2>&1 | tail -1
 U=convolution.tma.bf16,convolution.tma_dgrad.bn64.bf16,convolution.tma_dgrad.bn128.bf16,convolution.tma_dgrad.bn256.bf16
 U=$U,convolution.tma_phase.bn64.bf16,convolution.tma_phase.bn128.bf16,convolution.tma_phase.bn256.bf16
-U=$U,convolution.bf16,convolution.wgmma.bf16,convolution.wgmma.split.bf16,conv_dgrad.bf16,conv_gemm.bf16,matmul.bf16
+U=$U,convolution.bf16,convolution.wgmma.bf16,convolution.wgmma.split.bf16,conv_dgrad.bf16,conv_gemm.bf16,matmul.bf16,matmul.tma.bf16
 timeout 50 python3 -m pydnn build --all --only "$U" --arch sm_90 > "$OUT/build.txt" 2>&1
 echo "build rc $? at $((SECONDS - T0)) s"; tail -2 "$OUT/build.txt"
 timeout 34 python3 tools/bench_conv_tma_routes.py --set 1x1 --bns 256 --reps 5 --budget-s 28 --out "$OUT" \
