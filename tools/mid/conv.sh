@@ -1,8 +1,9 @@
 # conv (issue 18): routes onto fwd_tma, each against the plan it replaces and cuDNN on the sweep's points (bf16 NHWC,
-# one H200): DGRAD_TMA_PHASES (strided backward data's phases), TMA_1X1 (the direct 1x1 GEMM plans on gemm_tc),
-# FWD_TMA_STRIDED (strided forwards: x's box with element strides), FWD_TMA_WIDE (16-byte epilogue stores, on the
-# 1x1 rows; beside them matmul's gemm_tma on the GEMM plan, `mmtma`). Holds timing: do not share the GPU. Timings first, then the new GPU tests (bf16), then (time left) fwd_tma
-# whole on the stride-1 points that stay on fwd_wgmma today (--set few).
+# one H200): TMA_1X1 (the direct 1x1 GEMM plans on gemm_tc; beside them matmul's gemm_tma on the GEMM plan, `mmtma`),
+# FWD_TMA_WIDE (16-byte epilogue stores, on the 1x1 rows), DGRAD_TMA_PHASES (strided backward data's phases),
+# FWD_TMA_STRIDED (strided forwards: x's box with element strides). Holds timing: do not share the GPU. Timings first,
+# then the new GPU tests (bf16), then (time left) fwd_tma whole on the stride-1 points that stay on fwd_wgmma today
+# (--set few).
 mkdir -p "$OUT"
 T0=$SECONDS
 left() { echo $(( 146 - (SECONDS - T0) )); }
