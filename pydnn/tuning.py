@@ -207,6 +207,12 @@ conv = Switches(
                     "where fwd_tma takes it (conv_tma.gemm1x1_top), \"always\" the same (the benchmark's "
                     "form), False never. Issue 18's sweep (H200, 2026-11-28): 31 such 1x1 points at 0.29-0.61x "
                     "cuDNN (gemm_tc at ~1.1 TB/s); tools/bench_conv_tma_routes.py --set 1x1"),
+    WGRAD_MM=(False, "sm_90: a call's own 1x1 stride-1 unpadded backward filter of 16-bit NHWC x / dy runs as one "
+                     "pydnn.ops.matmul GEMM, dw = dy^T x over the N * P pixels, with matmul's split-K "
+                     "(pydnn/ops/convolution/wgrad_mm.py), the replaced plan kept as the fallback and the estimate. "
+                     "Issue 18's sweep (H200): the 1x1 backward filters on wgrad_tc_wgmma read 0.34-0.50x cuDNN where "
+                     "C and K are large and the pixels few; not GPU-measured yet (tools/bench_conv_tma_routes.py "
+                     "--set wgrad)"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),

@@ -8,9 +8,11 @@ in one run:
   --set wide     tuning.conv.FWD_TMA_WIDE: the stride-1 forwards already on fwd_tma, the 16-byte epilogue store on
                  (`tma`) against off (`model`); use with --wide 0;
   --set few      stride-1 forwards / backward data whose plan stays off fwd_tma today (fwd_wgmma split-K over too
-                 few blocks, or kept by conv_tma.slower_than_replaced): fwd_tma whole (FEW_ON) against that plan.
+                 few blocks, or kept by conv_tma.slower_than_replaced): fwd_tma whole (FEW_ON) against that plan;
+  --set wgrad    tuning.conv.WGRAD_MM: the 1x1 stride-1 backward filters as one matmul with its split-K
+                 (pydnn/ops/convolution/wgrad_mm.py; the `tma` route is that plan here), against the v7 plan.
 
-    python3 tools/bench_conv_tma_routes.py --set 1x1|strided|wide|few [--rows 0,1,..] [--bns 64,128,256] [--reps 5]
+    python3 tools/bench_conv_tma_routes.py --set 1x1|strided|wide|few|wgrad [--rows 0,1,..] [--bns 64,128,256] [--reps 5]
                                            [--budget-s S] [--out DIR]
 
 Rows: every point of tools/sweep_conv.py's grid (forward / backward data) whose Get..._v7 plan the set's switch moves
@@ -35,7 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-SWITCH = {"1x1": "conv.TMA_1X1", "strided": "conv.FWD_TMA_STRIDED", "wide": "conv.FWD_TMA_WIDE", "few": "few"}
+SWITCH = {"1x1": "conv.TMA_1X1", "strided": "conv.FWD_TMA_STRIDED", "wide": "conv.FWD_TMA_WIDE", "few": "few",
+          "wgrad": "conv.WGRAD_MM"}
 # --set few: the stride-1 points whose v7 plan stays off fwd_tma (fwd_wgmma split-K over too few blocks, or kept by
 # conv_tma.slower_than_replaced): on = fwd_tma taken whole ("always", no split), off = the defaults
 FEW_ON = {"conv.FWD_TMA": "always", "conv.DGRAD_TMA": "always", "conv.WGM_SPLIT": 1}
@@ -71,7 +74,15 @@ def _v7(h, d, conv, xd, wd, yd):
     import pydnn
     if d == "fwd":
         return pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, conv, yd, 1)[0].algo
+    if d == "bwd filter":
+        return pydnn.get_convolution_backward_filter_algorithm_v7(h, xd, yd, conv, wd, 1)[0].algo
     return pydnn.get_convolution_backward_data_algorithm_v7(h, wd, yd, conv, xd, 1)[0].algo
+
+
+def _moved(pl):
+    """Whether a plan is one of the routes this tool compares (fwd_tma's, or the 1x1 backward filter's matmul)."""
+    from pydnn.ops.convolution import conv_tma as CTMA, wgrad_mm as WM
+    return isinstance(pl, (CTMA.TmaPlan, WM.WgradMMPlan))
 
 
 def sweep_rows(h, which="1x1"):
@@ -86,11 +97,11 @@ def sweep_rows(h, which="1x1"):
     probs, _ = sweep_conv.grid(0, False)
     out, seen, looked = [], set(), 0
     dirs = ((("fwd", CPb.DIR_FWD), ("bwd data", CPb.DIR_BWD_DATA)) if which in ("1x1", "few")
-            else (("fwd", CPb.DIR_FWD),))
+            else (("bwd filter", CPb.DIR_BWD_FILTER),) if which == "wgrad" else (("fwd", CPb.DIR_FWD),))
     for pr in probs:
         if pr["groups"] != 1:
             continue
-        if which == "1x1" and (pr["r"] != 1 or pr["stride"] != 1 or pr["pad"] != 0):
+        if which in ("1x1", "wgrad") and (pr["r"] != 1 or pr["stride"] != 1 or pr["pad"] != 0):
             continue
         if (which == "strided" and pr["stride"] == 1) or (which in ("wide", "few") and pr["stride"] != 1):
             continue
@@ -112,7 +123,7 @@ def sweep_rows(h, which="1x1"):
             if which == "wide":   # the stride-1 forwards already on fwd_tma: the 16-byte store on / off
                 if isinstance(pl, CTMA.TmaPlan) and pl.wide_ok:
                     out.append((sweep_conv.case_name(pr), d) + key)
-            elif isinstance(pl, CTMA.TmaPlan) and not isinstance(base, CTMA.TmaPlan):
+            elif _moved(pl) and not _moved(base):
                 out.append((sweep_conv.case_name(pr), d) + key)
     return out, looked
 
@@ -159,7 +170,7 @@ def main(argv=None):
             break
         name, d, n, c, k, hw, r, pad, stride = table[i]
         fwd = d == "fwd"
-        D = CPb.DIR_FWD if fwd else CPb.DIR_BWD_DATA
+        D = {"fwd": CPb.DIR_FWD, "bwd data": CPb.DIR_BWD_DATA, "bwd filter": CPb.DIR_BWD_FILTER}[d]
         p = _out(hw, r, pad, stride)
         row = dict(case=name, direction=d, flops=2.0 * n * k * p * p * c * r * r,
                    bytes=2.0 * (n * hw * hw * c + n * p * p * k + c * k * r * r))
@@ -168,7 +179,7 @@ def main(argv=None):
         w = (torch.randn(k, c, r, r, device=dev, dtype=bf) / math.sqrt((c if fwd else k) * r * r)).contiguous(
             memory_format=cl)
         dy = torch.randn(n, k, p, p, device=dev, dtype=bf).contiguous(memory_format=cl)
-        out = torch.empty_like(dy if fwd else x)
+        out = torch.empty_like(dy if fwd else w if d == "bwd filter" else x)
         conv, xd, wd, yd = _descs(n, c, k, hw, r, pad, stride)
         algo = _v7(h, d, conv, xd, wd, yd)
         row["algo"] = algo
@@ -177,6 +188,11 @@ def main(argv=None):
             def cudnn():
                 return torch.nn.functional.conv2d(x, w, None, stride, pad)
             a_ptr, b_ptr = x.data_ptr(), w.data_ptr()
+        elif d == "bwd filter":
+            def cudnn():
+                return torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad] * 2, [1, 1], False,
+                                                           [0, 0], 1, [False, True, False])[1]
+            a_ptr, b_ptr = dy.data_ptr(), x.data_ptr()
         else:
             def cudnn():
                 return torch.ops.aten.convolution_backward(dy, x, w, None, [stride] * 2, [pad] * 2, [1, 1], False,
@@ -221,14 +237,19 @@ def main(argv=None):
             finally:
                 MM.WG_MIN_K, MM.WG_MIN_K_PERSIST = saved
             mm = mp_plan.mm[0] if fwd else mp_plan.mm
-            row["mmtma_kernel"] = (mm.tma or mm.fast).expr.split("::")[-1][:60]
+            row["mmtma_kernel"] = (mm.tma or mm.fast).expr.replace("pydnn::matmul::", "").replace("pydnn::", "")[:60]
             if mm.tma is not None:
                 run("mmtma", mp_plan)
             else:
                 row["note"] = row.get("note", "") + " mmtma: matmul did not take gemm_tma"
         tp = plan_with(True)
         routes = ["model"] + (["mmtma"] if row.get("mmtma_ms") else [])
-        if isinstance(tp, CTMA.TmaPlan):
+        if _moved(tp) and not isinstance(tp, CTMA.TmaPlan):   # the 1x1 backward filter on matmul
+            row["mm_kernel"] = tp.gemm_expr.replace("pydnn::matmul::", "").replace("pydnn::", "")[:60]
+            row["mm_split"] = tp.mm.split
+            run("tma", tp)
+            routes.append("tma")
+        elif isinstance(tp, CTMA.TmaPlan):
             row["bn"], row["items"], row["box"] = tp.bn, tp.items, (tp.q.tw, tp.q.th, tp.q.tn)
             run("tma", tp)
             routes.append("tma")
@@ -268,7 +289,8 @@ def main(argv=None):
         print(f"{d:8s} {name:52s} model {g('model_ms')} ({g('model_ratio', '.3f')}x, {g('model_gbps', '.0f')} GB/s) "
               f"tma {g('tma_ms')} ({g('tma_ratio', '.3f')}x, {g('tma_gbps', '.0f')} GB/s) BN {row.get('bn')} {extra} "
               f"cuDNN {g('cudnn_ms')} ({g('cudnn_gbps', '.0f')} GB/s) tma/model {g('tma_over_model', '.3f')} "
-              f"items {row.get('items')} {row.get('note', '')}", flush=True)
+              f"items {row.get('items')} {row.get('note', '')}"
+              + (f" [{row['mm_kernel']} split {row.get('mm_split')}]" if row.get("mm_kernel") else ""), flush=True)
         x = w = dy = out = ref = None  # noqa: F841 - freed before the next row
         torch.cuda.empty_cache()
     jf.close()

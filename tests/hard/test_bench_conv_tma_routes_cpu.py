@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from test_sweeps_cpu import _AnyKernel, dry, dry_main  # noqa: E402,F401 - fixtures
 
 
-@pytest.mark.parametrize("which", ["1x1", "strided", "wide", "few"])
+@pytest.mark.parametrize("which", ["1x1", "strided", "wide", "few", "wgrad"])
 def test_sweep_rows(dry_main, which):
     import bench_conv_tma_routes as B
     import pydnn
@@ -24,6 +24,8 @@ def test_sweep_rows(dry_main, which):
             assert (r, stride) == (1, 1) and d in ("fwd", "bwd data")
         elif which == "few":
             assert stride == 1 and d in ("fwd", "bwd data")
+        elif which == "wgrad":
+            assert (r, stride, pad, d) == (1, 1, 0, "bwd filter")
         else:
             assert d == "fwd" and (stride > 1) == (which == "strided")
 
@@ -59,3 +61,17 @@ def test_bench_dry(dry_main, tmp_path, monkeypatch, which):
         assert "wide_ms" in r   # the 16-byte store (FWD_TMA_WIDE) at the chooser's width
         assert "maps not encoded" in r.get("note", "")   # (a CPU handle: the fallback ran)
     assert (tmp_path / f"bench_conv_tma_{which}.jsonl").exists()
+
+
+def test_bench_wgrad_dry(dry_main, tmp_path, monkeypatch):
+    """--set wgrad: the 1x1 backward filter's v7 plan against one matmul (WGRAD_MM), both planned, run, written."""
+    pytest.importorskip("torch")
+    import bench_conv_tma_routes as B
+    import pydnn
+    table, looked = B.sweep_rows(pydnn.create(), "wgrad")
+    monkeypatch.setattr(B, "sweep_rows", lambda h, w="1x1": ([table[0], table[-1]], looked))
+    rows = B.main(["--set", "wgrad", "--out", str(tmp_path), "--reps", "1", "--bns", "", "--wide", "0"])
+    assert len(rows) == 2
+    for r in rows:
+        assert "model_ms" in r and "tma_ms" in r and "cudnn_ms" in r and "matmul::" not in r["mm_kernel"], r
+        assert r["direction"] == "bwd filter" and r["mm_kernel"].startswith("gemm_")   # (dry: nothing computed)
