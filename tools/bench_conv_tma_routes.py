@@ -16,7 +16,8 @@ in one run:
                                            [--budget-s S] [--out DIR]
 
 Rows: every point of tools/sweep_conv.py's grid (forward / backward data) whose Get..._v7 plan the set's switch moves
-to fwd_tma on this device (planned here with the switch on and off), in the grid's order until --budget-s is spent.
+to fwd_tma on this device (planned here with the switch "always" and off; `default_takes`: whether its True rules take
+the point), in the grid's order until --budget-s is spent.
 Per row: `model` (the switch off: the plan it replaces), `tma` (on, conv_tma._bn's tile width) and `bn<W>` (the width
 forced through tuning.conv.FWD_TMA_BN) for each --bns width other than the chooser's; each route's output checked
 against PyTorch first (poisoned with NaN, max error / max |ref| <= 2e-2), then device ms per call from CUDA graphs of
@@ -114,7 +115,7 @@ def sweep_rows(h, which="1x1"):
         for d, D in dirs:
             try:
                 algo = _v7(h, d, conv, xd, wd, yd)
-                with tuning.override(_switches(SWITCH[which], True)):
+                with tuning.override(_switches(SWITCH[which], "always")):
                     pl = CP.new_plan(h, D, algo, conv, xd, wd, yd)
                 with tuning.override(_switches(SWITCH[which], False)):
                     base = CP.new_plan(h, D, algo, conv, xd, wd, yd)
@@ -242,7 +243,8 @@ def main(argv=None):
                 run("mmtma", mp_plan)
             else:
                 row["note"] = row.get("note", "") + " mmtma: matmul did not take gemm_tma"
-        tp = plan_with(True)
+        tp = plan_with("always")
+        row["default_takes"] = _moved(plan_with(True)) if args.set != "wide" else True   # (the switch's True rules)
         routes = ["model"] + (["mmtma"] if row.get("mmtma_ms") else [])
         if _moved(tp) and not isinstance(tp, CTMA.TmaPlan):   # the 1x1 backward filter on matmul
             row["mm_kernel"] = tp.gemm_expr.replace("pydnn::matmul::", "").replace("pydnn::", "")[:60]
@@ -255,11 +257,11 @@ def main(argv=None):
             routes.append("tma")
             for bn in bns:
                 if bn != tp.bn:
-                    run(f"bn{bn}", plan_with(True, bn))
+                    run(f"bn{bn}", plan_with("always", bn))
                     routes.append(f"bn{bn}")
             if args.wide:   # the 16-byte store (FWD_TMA_WIDE) at the chooser's width and the forced ones
                 for bn in [None] + [b for b in bns if b != tp.bn]:
-                    wp = plan_with(True, bn, True)
+                    wp = plan_with("always", bn, True)
                     route = "wide" if bn is None else f"wide{bn}"
                     if not wp.wide_ok:
                         row["note"] = row.get("note", "") + f" {route}: not taken"

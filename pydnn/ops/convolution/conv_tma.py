@@ -83,6 +83,14 @@ for _t in TAGS:
             add_kernels(unit(_t, _bn, _k), "conv_tma.cu", (expr(_t, _bn, _k),), archs=(ARCH + "a",))
 
 
+# A short reduction (<= SHORT_RED K tiles: a 1x1 of C <= 256) is memory-bound; with the 16-byte store, its 256-wide tile
+# (x read once per 256 output channels) beat the 128-wide one where the 128-wide items made >= WIDE256_WAVES waves
+# (H200, session 33, the 1x1 route's points: 16 of 16 with K >= 256 and >= 784 items, 1.04-1.31x, e.g. N128 1x1
+# 128->256 @56 0.1139 -> 0.0872 ms; at 392 items (3 waves) 128 was faster on all 4, 1.09-1.12x)
+SHORT_RED = 4
+WIDE256_WAVES = 4
+
+
 def _bn(handle, pb, tiles_px):
     """The tile's output channels: tuning.conv.FWD_TMA_BN, else 64 for K <= 64 (a 128-wide tile would be half
     empty); 256 where K >= 256, the 128-wide tiles would take under two waves of the SMs and the 256-wide ones
@@ -97,6 +105,10 @@ def _bn(handle, pb, tiles_px):
     if pb.k <= 64:
         return 64
     sms = max(handle.sm_count, 1)
+    ktiles = pb.filt3[1] * pb.filt3[2] * cdiv(pb.c, BK)
+    if (tuning.conv.FWD_TMA_WIDE and ktiles <= SHORT_RED and pb.k >= 256
+            and tiles_px * cdiv(pb.k, 128) >= WIDE256_WAVES * sms):
+        return 256   # a memory-bound short reduction with many items: x's tiles read once per 256 channels
     if pb.k >= 256 and tiles_px * cdiv(pb.k, 128) < 2 * sms and tiles_px * cdiv(pb.k, 256) * 2 >= sms:
         return 256
     return 128
@@ -291,12 +303,21 @@ def tma_top(handle, pl):
         return pl
     if mode != "always" and (tuning.conv.TC_FORCE.get(DIR_FWD) is not None or pl.problem.k < MIN_K):
         return pl   # a forced tiling runs as forced; K < MIN_K: not measured faster
-    strided = bool(tuning.conv.FWD_TMA_STRIDED)
-    if pl.problem.stride3 != (1, 1, 1) and not strided:
+    smode = tuning.conv.FWD_TMA_STRIDED
+    strided = pl.problem.stride3 != (1, 1, 1)
+    if strided and not smode:
         return pl   # a strided forward: its own switch (FWD_TMA's mode rules the rest)
-    if tma_refusal(handle, pl.problem, strided=strided) is not None:
+    if tma_refusal(handle, pl.problem, strided=bool(smode)) is not None:
         return pl
-    return plan_tma(handle, pl.problem, pl.algo, pl)
+    tp = plan_tma(handle, pl.problem, pl.algo, pl)
+    if strided and smode != "always" and tp.items < STRIDED_MIN_WAVES * max(handle.sm_count, 1):
+        return pl   # under a wave of items: fwd_wgmma's 2-blocks-an-SM tile measured as fast (FWD_TMA_STRIDED)
+    return tp
+
+
+# FWD_TMA_STRIDED True takes a strided forward where fwd_tma has at least this many waves of items (H200, session 33:
+# fwd_tma / fwd_wgmma 1.205 geomean over the sweep's 10 strided points with a wave or more, 0.978 over the 14 under)
+STRIDED_MIN_WAVES = 1
 
 
 register_top(tma_top)
@@ -427,8 +448,20 @@ def tma_dgrad_top(handle, pl, mode=None, phase=False):
 def tma_dgrad_phase_top(handle, pl):
     """The same for dgrad_phases.py's phases of a strided call (each a stride-1 backward data of dy into a
     strided view of dx, with a sub-filter view of w: BKN 2's 4-d map takes its tap strides), under
-    tuning.conv.DGRAD_TMA_PHASES (off: not measured on the GPU yet)."""
-    return tma_dgrad_top(handle, pl, tuning.conv.DGRAD_TMA_PHASES or False, phase=True)
+    tuning.conv.DGRAD_TMA_PHASES: True where the phase's output tiles (dx's C over BN-wide tiles) are at least
+    PHASE_MIN_FILL full, "always" wherever fwd_tma takes the phase."""
+    mode = tuning.conv.DGRAD_TMA_PHASES or False
+    tp = tma_dgrad_top(handle, pl, mode, phase=True)
+    if tp is pl or mode == "always":
+        return tp
+    c = tp.sub_problem.k   # the phase forward's output channels: dx's C
+    return tp if c / (tp.bn * cdiv(c, tp.bn)) >= PHASE_MIN_FILL else pl
+
+
+# DGRAD_TMA_PHASES True: the phases' output tiles at least this full (H200, session 33, the sweep's 15 strided points:
+# phases on fwd_tma / fwd_wgmma 1.134 geomean over the 12 with tiles >= 0.9 full, 0.638 over the 3 at 0.59-0.63: C 320
+# and 152 on 256- / 128-wide tiles; the one loser kept, C 248 at 0.97 full, 0.896)
+PHASE_MIN_FILL = 0.9
 
 
 register_top(tma_dgrad_top, scope="own")

@@ -116,7 +116,11 @@ def test_strided_maps_and_switch(h, tma_on, monkeypatch):
     a wide image: tw <= 64); strides past 8 (a TMA element stride's limit) refused."""
     monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", False)
     assert not isinstance(_plan(h, 8, 64, 64, 56, 3, 1, stride=2), T.TmaPlan)
-    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", True)   # True: a wave of items at least
+    assert not isinstance(_plan(h, 8, 64, 64, 56, 3, 1, stride=2), T.TmaPlan)      # 49 items for 132 SMs
+    big = _plan(h, 32, 64, 64, 56, 3, 1, stride=2)                                  # 196 items
+    assert isinstance(big, T.TmaPlan) and big.items >= 132
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", "always")
     pl = _plan(h, 8, 64, 64, 56, 3, 1, stride=2)
     assert isinstance(pl, T.TmaPlan) and "fwd_wgmma<" in pl.fallback.gemm_expr
     q, mx = pl.q, pl.maps[0].map
@@ -212,7 +216,7 @@ def _emulate(pb, q, x, w, bn, box_b=None):
 @pytest.mark.parametrize("bn", T.BNS)
 def test_emulated_walk_matches_the_reference(h, tma_on, rng, monkeypatch, args, kw, bn):
     monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, (128, 128, 4, 1, 1))   # the base plan on fwd_wgmma
-    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", "always")
     monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", bn)
     kw = dict(kw)
     n, c, k, hw = args

@@ -110,7 +110,7 @@ STRIDED = [  # tuning.conv.FWD_TMA_STRIDED: x's box walks every stride-th pixel 
 def test_tma_strided_forward(handle, rng, monkeypatch, case, dtype):
     _need_sm90(handle)
     _on(monkeypatch)
-    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", "always")
     check_forward(handle, rng, lambda mode: _tc_problem(case, dtype, mode), dtype, FWD_PRE, "fwd_tma strided",
                   before=lambda pb: _planned_on_tma(handle, pb))
 
@@ -122,7 +122,7 @@ def test_tma_strided_maps_encode_and_walk(handle, rng, monkeypatch, case, bn):
     3 blocks walk every item at each tile width."""
     _need_sm90(handle)
     _on(monkeypatch)
-    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", "always")
     monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", bn)
     pb = _tc_problem(case, BF16, XCORR)
     pl = _planned_on_tma(handle, pb)
@@ -206,7 +206,7 @@ def test_tma_wide_store(handle, rng, monkeypatch, case, bn):
     per-pair epilogue. K 10 (not a multiple of 8) does not take it."""
     _need_sm90(handle)
     _on(monkeypatch)
-    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", "always")
     monkeypatch.setattr(tuning.conv, "FWD_TMA_WIDE", True)
     monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", bn)
 
