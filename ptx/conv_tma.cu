@@ -189,9 +189,9 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
         }
         continue;
       }
-      // The plain call (alpha only) scales; anything else goes through epilogue_value (beta, z, bias,
-      // activation). Channel pairs as one 32-bit word where y's channels are contiguous and 4-byte aligned
-      // pairs (FLAG_PAIR, set per call).
+      // The plain call (alpha only) and the fused bias (+ z) (+ ReLU) in registers; anything else through
+      // epilogue_value (beta, other activations). Channel pairs as one 32-bit word where y's channels are
+      // contiguous and 4-byte aligned pairs (FLAG_PAIR, set per call).
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = wg * 64 + warp * 16 + (lane >> 2) + 8 * h;
@@ -207,10 +207,8 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
           const bool two = ch + 1 < p.gn;
           const long long off = ybase + (long long)ch * p.ys[1];
           float v0, v1;
-          if (plain) {
-            v0 = acc[4 * j + 2 * h] * alpha;
-            v1 = acc[4 * j + 2 * h + 1] * alpha;
-          } else if (lean) {  // alpha * acc + bias (+ alpha2 * z), then max(v, 0) for ReLU (NaN -> 0)
+          if (lean) {  // alpha * acc (+ bias) (+ alpha2 * z), then max(v, 0) for ReLU (NaN -> 0); the plain call too
+            // (its 16-byte form above where q.wide: one path less to compile here)
             const T* bias = static_cast<const T*>(p.bias);
             const float b0 = has_bias ? load<float>(bias[ch * p.bias_stride]) : 0.f;
             const float b1 = has_bias && two ? load<float>(bias[(ch + 1) * p.bias_stride]) : 0.f;
