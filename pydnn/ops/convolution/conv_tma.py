@@ -233,7 +233,7 @@ class _Map:
         return TM.encode_tiled(self.tag, address, self.dims, self.strides, self.box, elem_strides=self.estrides)
 
 
-def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
+def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None, bn=None):
     """fwd_tma's plan of a forward problem tma_refusal takes (`fallback`: the plan a misaligned call runs).
     Backward data (plan_dgrad_tma) passes its forward of dy as pb, its own plan object as pl, and bkn 1 / 2: B read
     from the original filter (K = pb.c, C = pb.k), packed KRSC (1) or through its (k, c, d, r, s) strides bkn_ws
@@ -251,7 +251,7 @@ def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
     q.tw, q.th, q.tn = tw, th, tn
     q.tiles_w, q.tiles_h, q.tiles_n = cdiv(Q, tw), cdiv(P, th), cdiv(n, tn)
     tiles_px = q.tiles_w * q.tiles_h * q.tiles_n
-    bn = _bn(handle, pb, tiles_px)
+    bn = bn or _bn(handle, pb, tiles_px)
     q.tiles_k, q.cblocks = cdiv(pb.k, bn), cdiv(pb.c, BK)
     items = q.tiles_w * q.tiles_h * q.tiles_n * q.tiles_k
     pl.q = q
@@ -379,14 +379,14 @@ def dgrad_refusal(handle, pb, swap, phase=False):
     return None
 
 
-def plan_dgrad_tma(handle, pb, algo, fallback, swap, phase=False):
+def plan_dgrad_tma(handle, pb, algo, fallback, swap, phase=False, bn=None):
     """fwd_tma's plan of a backward-data problem dgrad_refusal takes: direct (swap False: the fallback is
     tensor_core's one-launch fwd_wgmma plan; BKN 1, or 2 for a phase) or after filter_kc_swap (swap True: the
     fallback is its BwdWgmmaPlan, whose swap this plan launches)."""
     from .tensor_core import _bwd_wgm_problem
     spb = _bwd_wgm_problem(pb)
     pl = DgradTmaPlan(DIR_BWD_DATA, algo, pb)
-    plan_tma(handle, spb, algo, fallback, pl=pl, bkn=0 if swap else 2 if phase else 1, bkn_ws=tuple(pb.ws))
+    plan_tma(handle, spb, algo, fallback, pl=pl, bkn=0 if swap else 2 if phase else 1, bkn_ws=tuple(pb.ws), bn=bn)
     pl.problem, pl.sub_problem = pb, spb
     pl.unit = pl.unit_name   # (dgrad_phases' PhasePlan names its biggest phase's unit)
     pl.swap_plan = fallback if swap else None
@@ -410,7 +410,7 @@ def slower_than_replaced(handle, tp, pl):
     if tp.items < max(handle.sm_count, 1) and ktiles <= SHORT_K and "fwd_wgmma<" in (pl.gemm_expr or ""):
         from .tensor_core import _wgm_cfg
         if _wgm_cfg(pl.gemm_expr)[0] == 64:
-            return f"{tp.items} items of {ktiles} K tiles, the replaced 128 x 64 tile"
+            return f"{UNDER_WAVE} {tp.items} items of {ktiles} K tiles, the replaced 128 x 64 tile"
     if tp.sub_problem.c < BK:
         return f"dy's {tp.sub_problem.c} channels: under one K tile"
     return None
@@ -440,9 +440,23 @@ def tma_dgrad_top(handle, pl, mode=None, phase=False):
     if dgrad_refusal(handle, pb, swap, phase) is not None:
         return pl
     tp = plan_dgrad_tma(handle, pb, pl.algo, pl, swap, phase)
-    if mode != "always" and slower_than_replaced(handle, tp, pl) is not None:
-        return pl
+    if mode != "always":
+        why = slower_than_replaced(handle, tp, pl)
+        if (why is not None and why.startswith(UNDER_WAVE) and tp.bn > 64 and not phase
+                and tuning.conv.FWD_TMA_BN is None):
+            return plan_dgrad_tma(handle, pb, pl.algo, pl, swap, phase, bn=64)   # 2-4x the items: see UNDER_WAVE
+        if why is not None:
+            return pl
     return tp
+
+
+# slower_than_replaced's first mark (under a wave of items, a short reduction, over fwd_wgmma's 128 x 64 MINB 2 tile):
+# there fwd_tma at the 64-wide tile (2-4x the items of the chooser's 128 / 256) beat the kept fwd_wgmma plan on all 12
+# network points of the sweep that carry it, 1.13-1.50x (H200, session 33 mid-session run, pair stores: `--set few`,
+# e.g. N8 1x1 1024->2048 @7 0.0167 -> 0.0111 ms, N128 1x1 512->2048 @7 0.0444 -> 0.0358), so DGRAD_TMA True takes it
+# there at BN 64 (its second mark, dy's K under one K tile, keeps fwd_wgmma: 0.52-0.93x at BN 64; a strided call's
+# phases with the first mark keep it too: not measured at BN 64)
+UNDER_WAVE = "under a wave:"
 
 
 def tma_dgrad_phase_top(handle, pl):
