@@ -197,10 +197,11 @@ conv = Switches(
                      "(the forward of dy; B read MN-major from the packed KRSC filter by TMA, or from "
                      "filter_kc_swap's copy where the replaced plan is the swap's; conv_tma.tma_dgrad_top): True "
                      "where C >= conv_tma.MIN_K, no tiling is forced and conv_tma.slower_than_replaced does not "
-                     "object, \"always\" also under a forced tiling (tests, benchmarks), False never "
-                     "(tools/bench_dgrad_tma.py; H200 session 32: fwd_tma / fwd_wgmma 1.10-1.30x on 11 rows, "
-                     "1.146x geomean over the sweep's 82 stride-1 points with the rule; its units compile on first use, "
-                     "pydnn/_build/rare.py)"),
+                     "object (its under-a-wave mark: fwd_tma at the 64-wide tile, conv_tma.UNDER_WAVE), \"always\" "
+                     "also under a forced tiling (tests, benchmarks), False never (tools/bench_dgrad_tma.py; H200 "
+                     "session 32: fwd_tma / fwd_wgmma 1.10-1.30x on 11 rows, 1.146x geomean over the sweep's 82 "
+                     "stride-1 points with the rule; session 33: BN 64 under a wave 1.13-1.50x on 12; its units "
+                     "compile on first use, pydnn/_build/rare.py)"),
     DGRAD_TMA_PHASES=(True, "as DGRAD_TMA for the stride-1 phases of a strided backward data (dgrad_phases.py): "
                             "each phase's fwd_wgmma plan on fwd_tma (B through a 4-d map of the phase's sub-filter "
                             "view). True where the phase's output tiles are at least conv_tma.PHASE_MIN_FILL full "
