@@ -4,12 +4,17 @@ behind tuning.conv.FWD_TMA (on: a call's own unsplit fwd_wgmma forward plan with
 mid-session run 3, tools/bench_conv_tma.py: 1.10-1.30x fwd_wgmma on 11 forward rows, 0.594 -> 0.706 of cuDNN).
 
 What it takes (tma_refusal says why not): half / bfloat16, one group, 2-d, stride 1 (a tap's window of a box
-of output pixels is then a box of x), any padding and dilation, either mode; x NHWC-like with channel stride 1
-and every other stride a multiple of 8 elements (TMA: 16-byte strides, a 16-byte aligned base, checked per
-call: a misaligned x, or maps the driver cannot encode, run fwd_wgmma's plan instead); the filter packed KRSC (a 3-d map: C, R * S, K); C a
-multiple of 8; y any strides (the epilogue writes channel pairs or elements). The output tile's 128 GEMM rows are a
-box of tn images x th rows x tw columns of y (powers of two, tn * th * tw = 128), chosen to waste the fewest
-rows at the image's edges (_box).
+of output pixels is then a box of x), or strides up to 8 under tuning.conv.FWD_TMA_STRIDED (x's box then spans
+stride x the pixels and loads every stride-th: the map's element strides), any padding and dilation, either
+mode; x NHWC-like with channel stride 1 and every other stride a multiple of 8 elements (TMA: 16-byte strides,
+a 16-byte aligned base, checked per call: a misaligned x, or maps the driver cannot encode, run fwd_wgmma's
+plan instead); the filter packed KRSC (a 3-d map: C, R * S, K); C a multiple of 8; y any strides (the epilogue
+writes 16-byte groups of 8 channels where y allows it, tuning.conv.FWD_TMA_WIDE, else channel pairs or
+elements). The output tile's 128 GEMM rows are a box of tn images x th rows x tw columns of y (powers of two,
+tn * th * tw = 128), chosen to waste the fewest rows at the image's edges (_box).
+
+The GEMM algorithm's direct 1x1 plans on matmul's mma.sync tile move here too (tuning.conv.TMA_1X1,
+gemm1x1_top: the section at the end).
 
 The plan (TmaPlan, a StepPlan) encodes x's and the filter's tensor maps per call (tensormap.MapCache: once
 per base address) into ConvTmaParams and launches one kernel; ConvolutionBiasActivationForward's fields are
