@@ -164,9 +164,11 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
       wgmma::fence_operands(acc);
       if (ktiles > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
       // acc[4 j + 2 h + e]: tile row wg * 64 + warp * 16 + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e.
-      if (plain && q.wide) {  // 16 bytes a lane: groups 4 jj .. 4 jj + 3 transposed over the quad (quad::transpose),
-        // lane t then holds group 4 jj + t's 8 channels (K % 8 == 0: a group lies in y or past K whole)
+      if (lean && !has_z && q.wide) {  // 16 bytes a lane (the plain call, or the fused bias (+ ReLU) without z):
+        // groups 4 jj .. 4 jj + 3 transposed over the quad (quad::transpose), lane t then holds group 4 jj + t's 8
+        // channels (K % 8 == 0: a group lies in y or past K whole); the bias added to the pairs before it
         const int t = lane & 3;
+        const T* bias = static_cast<const T*>(p.bias);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = wg * 64 + warp * 16 + (lane >> 2) + 8 * h;
@@ -180,7 +182,19 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
               const int j = 4 * jj + s;
-              x[s] = pack16x2<T>(acc[4 * j + 2 * h] * alpha, acc[4 * j + 2 * h + 1] * alpha);
+              float v0 = acc[4 * j + 2 * h] * alpha, v1 = acc[4 * j + 2 * h + 1] * alpha;
+              if (has_bias) {  // as the pairs' path: fmaf(acc, alpha, bias)
+                const int cp = n0 + 8 * j + 2 * t;  // this lane's pair, before the transpose
+                const float b0 = cp < p.gn ? load<float>(bias[cp * p.bias_stride]) : 0.f;
+                const float b1 = cp + 1 < p.gn ? load<float>(bias[(cp + 1) * p.bias_stride]) : 0.f;
+                v0 = fmaf(acc[4 * j + 2 * h], alpha, b0);
+                v1 = fmaf(acc[4 * j + 2 * h + 1], alpha, b1);
+              }
+              if (relu) {
+                v0 = fmaxf(v0, 0.f);
+                v1 = fmaxf(v1, 0.f);
+              }
+              x[s] = pack16x2<T>(v0, v1);
             }
             quad::transpose(x);  // every lane of the warp: full-mask shuffles
             const int ch = n0 + 8 * (4 * jj + t);

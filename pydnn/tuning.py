@@ -189,7 +189,9 @@ conv = Switches(
     FWD_TMA_WIDE=(True, "fwd_tma's plain epilogue (alpha only) stores 16 bytes a lane (a quad's 4 x 4 transpose of "
                         "packed pairs, ptx/common/quad.cuh, as matmul's gemm_tma WIDE store: whole 32-byte sectors a "
                         "warp store instead of half ones) where y's channels are contiguous, its rows 16-byte aligned "
-                        "and K % 8 == 0. H200 (session 33 mid-session run, tools/bench_conv_tma_routes.py --set 1x1: "
+                        "and K % 8 == 0; the fused bias (+ ReLU) without z too (so the fused call keeps the plain "
+                        "call's stores: not timed apart). H200 (session 33 mid-session run, "
+                        "tools/bench_conv_tma_routes.py --set 1x1: "
                         "30 memory-bound 1x1 points on fwd_tma): 2.1-3.0x the 4-byte pair stores at the same tile "
                         "(0.335 -> 0.802 of cuDNN geomean; e.g. N64 1x1 64->256 @56 0.1415 -> 0.0459 ms, cuDNN 0.0406)"),
     FWD_TMA_BN=(None, "fwd_tma's tile width in output channels (64, 128 or 256); None: conv_tma._bn's choice"),

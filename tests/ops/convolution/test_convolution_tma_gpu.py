@@ -218,6 +218,23 @@ def test_tma_wide_store(handle, rng, monkeypatch, case, bn):
     assert not _planned_on_tma(handle, _tc_problem(CASES[0], BF16, XCORR)).wide_ok
 
 
+@pytest.mark.parametrize("bn", CTMA.BNS)
+@pytest.mark.parametrize("case", [CASES[4], CASES[5]], ids=["k192", "k136"])
+def test_tma_wide_fused_bias_relu(handle, rng, monkeypatch, case, bn):
+    """The fused bias (+ ReLU) without z on the 16-byte store (the bias added to the pairs before the quad's
+    transpose, its reads guarded at the K tail), IDENTITY and RELU at alpha2 0; with z (alpha2 != 0) the pair path."""
+    _need_sm90(handle)
+    _on(monkeypatch)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_WIDE", True)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", bn)
+    pb = _tc_problem(case, BF16, XCORR)
+    assert _planned_on_tma(handle, pb).wide_ok
+    check_bias_activation(handle, rng, case, BF16, FWD_PRE,
+                          ((pydnn.PYDNN_ACTIVATION_RELU, 0.0, 0.0), (pydnn.PYDNN_ACTIVATION_IDENTITY, 0.0, 0.0),
+                           (pydnn.PYDNN_ACTIVATION_RELU, 0.0, -0.75)),
+                          "nhwc", lambda pb: (pydnn.DeviceArray((1,), np.uint8), 0), f"fwd_tma wide fused BN {bn}")
+
+
 @pytest.mark.parametrize("case", ONE_BY_ONE, ids=["c64", "tails", "c128"])
 def test_tma_wide_1x1_backward_data(handle, rng, monkeypatch, case):
     """The 16-byte store into dx (TMA_1X1's DgradTmaPlan), the persistent walk on 3 blocks."""
