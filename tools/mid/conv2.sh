@@ -2,13 +2,18 @@
 # DGRAD_TMA_PHASES on, from the first batch): (1) the 16-byte store on the stride-1 forwards already on fwd_tma
 # (compute-bound 3x3 mostly: --set wide, plain vs 16-byte stores), (2) the 1x1 backward filter as one matmul with
 # split-K (--set wgrad, WGRAD_MM: off until this), (3) the convolution sweep with the time left (a sample: its summary
-# counts what was not sampled; cuDNN 9.19 beside it). Holds timing: do not share the GPU.
+# counts what was not sampled; cuDNN 9.19 beside it); first the GPU tests of the new default paths (bf16: the
+# 16-byte store incl. the fused bias, strided forwards, the 1x1 routes, BN 64 under a wave, WGRAD_MM). Holds timing.
 mkdir -p "$OUT"
 T0=$SECONDS
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv 2>&1 | tail -1
 U=$(python3 -c "import sys; sys.path.insert(0, 'tools'); import sweep_conv; print(','.join(sweep_conv.PREBUILD))")
 timeout 40 python3 -m pydnn build --only "$U,matmul.tma.bf16" --arch sm_90 > "$OUT/build.txt" 2>&1
 echo "build rc $? at $((SECONDS - T0)) s"; tail -1 "$OUT/build.txt"
+timeout 25 python3 -m pytest -q -p no:cacheprovider tests/ops/convolution/test_convolution_tma_gpu.py \
+  tests/ops/convolution/test_convolution_tma_dgrad_gpu.py tests/ops/convolution/test_convolution_wgrad_mm_gpu.py \
+  -k "(wide or strided or 1x1 or under_a_wave or wgrad or bias) and not half" > "$OUT/tests.txt" 2>&1
+echo "tests rc $? at $((SECONDS - T0)) s"; grep -E "passed|failed|Error|assert" "$OUT/tests.txt" | tail -6
 R=tools/bench_conv_tma_routes.py
 timeout 24 python3 $R --set wide --bns "" --wide 0 --budget-s 20 --out "$OUT" > "$OUT/rwide.txt" 2>&1
 echo "wide rc $? at $((SECONDS - T0)) s"; cut -c1-250 "$OUT/rwide.txt"
