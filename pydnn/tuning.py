@@ -219,12 +219,12 @@ conv = Switches(
                    "H200 (session 33 mid-session run, tools/bench_conv_tma_routes.py --set 1x1, the sweep's 30 such "
                    "points): fwd_tma with the 16-byte store (FWD_TMA_WIDE) / the GEMM plan 2.11x geomean (0.97-2.57), "
                    "0.380 -> 0.802 of cuDNN (0.881 at the best tile width); with 4-byte stores it was 0.88x"),
-    WGRAD_MM=(False, "sm_90: a call's own 1x1 stride-1 unpadded backward filter of 16-bit NHWC x / dy runs as one "
-                     "pydnn.ops.matmul GEMM, dw = dy^T x over the N * P pixels, with matmul's split-K "
-                     "(pydnn/ops/convolution/wgrad_mm.py), the replaced plan kept as the fallback and the estimate. "
-                     "Issue 18's sweep (H200): the 1x1 backward filters on wgrad_tc_wgmma read 0.34-0.50x cuDNN where "
-                     "C and K are large and the pixels few; not GPU-measured yet (tools/bench_conv_tma_routes.py "
-                     "--set wgrad)"),
+    WGRAD_MM=(True, "sm_90: a call's own 1x1 stride-1 unpadded backward filter of 16-bit NHWC x / dy runs as one "
+                    "pydnn.ops.matmul GEMM, dw = dy^T x over the N * P pixels, with matmul's split-K "
+                    "(pydnn/ops/convolution/wgrad_mm.py), the replaced plan kept as the fallback and the estimate: "
+                    "True where C * K >= wgrad_mm.MIN_CK and N * P >= MIN_ROWS, \"always\" wherever it fits, False "
+                    "never. H200 (session 33, tools/bench_conv_tma_routes.py --set wgrad, the sweep's 73 1x1 backward "
+                    "filters): 1.209x geomean over the 17 the rule takes (0.959-1.475), 0.317x over the rest"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),

@@ -80,13 +80,26 @@ def plan_wgrad_mm(handle, pb, algo, fallback):
     return pl
 
 
+# WGRAD_MM True: where dw has at least MIN_CK elements and the reduction at least MIN_ROWS pixels (H200, session 33
+# second mid-session run, tools/bench_conv_tma_routes.py --set wgrad, the sweep's 73 1x1 backward filters: the matmul /
+# the v7 plan 1.209 geomean over the 17 such points (0.959-1.475, e.g. N128 1x1 512->2048 @7 0.0458 -> 0.0310 ms),
+# 0.317 over the other 56: few pixels or a small dw split 16 ways over too few 128 x 256 tiles)
+MIN_CK = 1 << 18
+MIN_ROWS = 6272
+
+
 def wgrad_mm_top(handle, pl):
     """plans.register_top's hook: tuning.conv.WGRAD_MM moves a call's own 1x1 backward-filter plan to one matmul
-    (split-K) where wgrad_mm_refusal takes the problem; on sm_90 only (matmul's split tile is wgmma's)."""
-    if not tuning.conv.WGRAD_MM or pl.direction != DIR_BWD_FILTER or getattr(handle, "arch", None) != "sm_90":
+    (split-K) where wgrad_mm_refusal takes the problem (True: and it is large enough, MIN_CK / MIN_ROWS; "always":
+    wherever it fits); on sm_90 only (matmul's split tile is wgmma's)."""
+    mode = tuning.conv.WGRAD_MM
+    if not mode or pl.direction != DIR_BWD_FILTER or getattr(handle, "arch", None) != "sm_90":
         return pl
     pb = pl.problem
     if wgrad_mm_refusal(pb) is not None:
+        return pl
+    rows = pb.n * pb.out3[0] * pb.out3[1] * pb.out3[2]
+    if mode != "always" and (pb.c * pb.k < MIN_CK or rows < MIN_ROWS):
         return pl
     try:
         return plan_wgrad_mm(handle, pb, pl.algo, pl)

@@ -48,7 +48,7 @@ def _plan(h, *a, algo=BF1, **kw):
 def test_the_gemm_and_its_split(h, monkeypatch):
     monkeypatch.setattr(tuning.conv, "WGRAD_MM", False)
     assert not isinstance(_plan(h, 8, 1024, 512, 14), WM.WgradMMPlan)
-    monkeypatch.setattr(tuning.conv, "WGRAD_MM", True)
+    monkeypatch.setattr(tuning.conv, "WGRAD_MM", "always")
     pl = _plan(h, 8, 1024, 512, 14)
     assert isinstance(pl, WM.WgradMMPlan) and pl.fallback is not None and pl.deterministic
     mp = pl.mm
@@ -62,7 +62,7 @@ def test_the_gemm_and_its_split(h, monkeypatch):
 
 
 def test_refusals(h, monkeypatch):
-    monkeypatch.setattr(tuning.conv, "WGRAD_MM", True)
+    monkeypatch.setattr(tuning.conv, "WGRAD_MM", "always")
     for kw, why in ((dict(r=3, pad=1), "1x1"), (dict(stride=2), "1x1"), (dict(dtype=F32), "data type"),
                     (dict(fmt=NCHW), "packed (K, C)")):   # (an NCHW filter: KCRS)
         pl = _plan(h, 8, 64, 64, 14, **kw)
@@ -75,13 +75,13 @@ def test_refusals(h, monkeypatch):
 def test_ranking_kept(h, monkeypatch):
     cv, xd, wd, yd = _descs(8, 1024, 512, 14)
     first = pydnn.get_convolution_backward_filter_algorithm_v7(h, xd, yd, cv, wd, 3)
-    monkeypatch.setattr(tuning.conv, "WGRAD_MM", True)
+    monkeypatch.setattr(tuning.conv, "WGRAD_MM", "always")
     again = pydnn.get_convolution_backward_filter_algorithm_v7(h, xd, yd, cv, wd, 3)
     assert [p.algo for p in first] == [p.algo for p in again]
 
 
 def test_misaligned_call_runs_the_replaced_plan(h, monkeypatch):
-    monkeypatch.setattr(tuning.conv, "WGRAD_MM", True)
+    monkeypatch.setattr(tuning.conv, "WGRAD_MM", "always")
     pl = _plan(h, 8, 1024, 512, 14)
     seen = []
     monkeypatch.setattr(WM, "run_plan", lambda handle, plan, *a: seen.append((plan, a)))
@@ -92,7 +92,7 @@ def test_misaligned_call_runs_the_replaced_plan(h, monkeypatch):
 def test_gemm_operands_are_the_reference(h, monkeypatch):
     """The plan's GEMM, done in numpy through its own m, n, k, transposes and leading dims on NHWC dy and x,
     equals the float64 reference's backward filter (N 3, C 24, K 40, 5 x 6 pixels)."""
-    monkeypatch.setattr(tuning.conv, "WGRAD_MM", True)
+    monkeypatch.setattr(tuning.conv, "WGRAD_MM", "always")
     n, c, k, hw = 3, 24, 40, 6
     pl = _plan(h, n, c, k, hw)
     assert isinstance(pl, WM.WgradMMPlan)
@@ -107,3 +107,14 @@ def test_gemm_operands_are_the_reference(h, monkeypatch):
     dw = (A.T @ B).reshape(k, c)
     want = ref.backward_filter(1.0, x, dy, 0.0, np.zeros((k, c, 1, 1)), (0, 0), (1, 1), (1, 1))
     np.testing.assert_array_equal(dw, want[:, :, 0, 0])
+
+
+def test_true_takes_the_measured_winners(h, monkeypatch):
+    """WGRAD_MM True (the default): dw of >= MIN_CK elements over >= MIN_ROWS pixels (the measured winners, 1.21x);
+    few pixels or a small dw keep the v7 plan (0.32x on the matmul)."""
+    monkeypatch.setattr(tuning.conv, "WGRAD_MM", True)
+    assert isinstance(_plan(h, 128, 512, 2048, 7), WM.WgradMMPlan)        # 6272 pixels, 2^20 dw
+    assert isinstance(_plan(h, 32, 1024, 512, 14), WM.WgradMMPlan)        # 6272 pixels
+    assert not isinstance(_plan(h, 8, 1024, 512, 14), WM.WgradMMPlan)     # 1568 pixels
+    assert not isinstance(_plan(h, 128, 64, 64, 56), WM.WgradMMPlan)      # a 64 x 64 dw
+    assert not isinstance(_plan(h, 128, 512, 256, 28), WM.WgradMMPlan)    # 2^17 dw

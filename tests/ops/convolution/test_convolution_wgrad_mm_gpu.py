@@ -26,7 +26,7 @@ CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format
 def test_wgrad_mm(handle, rng, monkeypatch, case, dtype):
     if handle.arch != "sm_90":
         pytest.skip("matmul's split-K tile is sm_90's")
-    monkeypatch.setattr(tuning.conv, "WGRAD_MM", True)
+    monkeypatch.setattr(tuning.conv, "WGRAD_MM", "always")
     planned = {}
 
     def make(mode):
