@@ -20,7 +20,9 @@
 // during this one's epilogue. The epilogue (smallest version) from the accumulator registers: alpha alone
 // for the plain call; alpha * acc + bias (+ alpha2 * z) (+ max(v, 0)) for the fused conv + bias (+ residual)
 // (+ ReLU without NaN propagation); else the family's epilogue_value per element (beta, other activations);
-// channel pairs stored as one word (FLAG_PAIR); rows outside y (a box past the image's edge) skipped.
+// 16 bytes a lane (ConvTmaParams.wide: a quad's transpose of the packed pairs, whole sectors a warp store) for
+// the plain call and the fused bias (+ ReLU) without z where y allows it, else channel pairs stored as one word
+// (FLAG_PAIR); rows outside y (a box past the image's edge) skipped.
 // Host: pydnn/ops/convolution/conv_tma.py (tuning.conv.FWD_TMA).
 #include "convolution.cu"
 #include "conv_tma_params.h"
@@ -129,8 +131,6 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
     T* out = static_cast<T*>(p.out);
     const float alpha = (float)p.alpha, beta = (float)p.beta, alpha2 = (float)p.alpha2;
     const int P = p.out_size[1], Q = p.out_size[2];
-    const bool plain = !(p.flags & (PYDNN_FLAG_BETA | PYDNN_CONV_FLAG_Z | PYDNN_CONV_FLAG_BIAS)) &&
-                       p.act == PYDNN_CONV_ACT_IDENTITY;
     const bool pair = p.flags & PYDNN_CONV_FLAG_PAIR;
     // the fused conv + bias (+ z) (+ ReLU) of a network in registers (no beta; IDENTITY, or RELU without NaN
     // propagation); the other epilogues through epilogue_value
