@@ -8,9 +8,11 @@
 // warpgroup once its wgmmas reading the stage are done): no block-wide barrier and no proxy fence a K tile
 // (fwd_wgmma's cp.async ring needs both).
 // The A tile is ONE 4-d TMA box of x (NHWC: dims C, W, H, N): 64 channels x tw x th x tn pixels (tn * th *
-// tw = 128 rows, w fastest), at (c0, ow0 + s * dil - pad, oh0 + r * dil - pad, n0): stride 1, so the
-// tap's window of a box of output pixels is a box of x; the padding is the TMA unit's out-of-bounds zero
-// fill (negative coordinates included), as are channels past C. The B tile is one 3-d box of the packed
+// tw = 128 rows, w fastest), at (c0, ow0 * stride + s * dil - pad, oh0 * stride + r * dil - pad, n0): the
+// tap's window of a box of output pixels is a box of x, every stride-th pixel of it (the map's element
+// strides along W and H: a strided forward, tuning.conv.FWD_TMA_STRIDED; the box then spans tw * stride
+// pixels of which it loads tw); the padding is the TMA unit's out-of-bounds zero fill (negative
+// coordinates included), as are channels past C. The B tile is one 3-d box of the packed
 // KRSC filter (dims C, R * S, K): 64 channels of tap (r, s) (flipped for CONVOLUTION mode) x BN output
 // channels (BN of them). Both land as 128-byte rows in the 128B swizzle: K-major operands of wgmma as gemm_tma's.
 // Persistent: a grid of at most one block an SM walks the items (pixel box, 128-channel tile), producer
@@ -18,10 +20,13 @@
 // during this one's epilogue. The epilogue (smallest version) from the accumulator registers: alpha alone
 // for the plain call; alpha * acc + bias (+ alpha2 * z) (+ max(v, 0)) for the fused conv + bias (+ residual)
 // (+ ReLU without NaN propagation); else the family's epilogue_value per element (beta, other activations);
-// channel pairs stored as one word (FLAG_PAIR); rows outside y (a box past the image's edge) skipped.
+// 16 bytes a lane (ConvTmaParams.wide: a quad's transpose of the packed pairs, whole sectors a warp store) for
+// the plain call and the fused bias (+ ReLU) without z where y allows it, else channel pairs stored as one word
+// (FLAG_PAIR); rows outside y (a box past the image's edge) skipped.
 // Host: pydnn/ops/convolution/conv_tma.py (tuning.conv.FWD_TMA).
 #include "convolution.cu"
 #include "conv_tma_params.h"
+#include "common/quad.cuh"
 #include "common/tma.cuh"
 
 namespace pydnn {
@@ -91,10 +96,11 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
       for (long long item = blockIdx.x; item < items; item += gridDim.x) {
         int w0, h0, nb, n0;
         coords(item, w0, h0, nb, n0);
+        const int ih0 = h0 * p.stride[1] - p.pad[1], iw0 = w0 * p.stride[2] - p.pad[2];
         for (int r = 0; r < R; ++r) {
-          const int ih = h0 + r * p.dil[1] - p.pad[1];
+          const int ih = ih0 + r * p.dil[1];
           for (int s = 0; s < S; ++s) {
-            const int iw = w0 + s * p.dil[2] - p.pad[2];
+            const int iw = iw0 + s * p.dil[2];
             const int rr = flip ? R - 1 - r : r, ss = flip ? S - 1 - s : s;
             const int tap = rr * S + ss;
             for (int cb = 0; cb < q.cblocks; ++cb, ++it) {
@@ -125,8 +131,6 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
     T* out = static_cast<T*>(p.out);
     const float alpha = (float)p.alpha, beta = (float)p.beta, alpha2 = (float)p.alpha2;
     const int P = p.out_size[1], Q = p.out_size[2];
-    const bool plain = !(p.flags & (PYDNN_FLAG_BETA | PYDNN_CONV_FLAG_Z | PYDNN_CONV_FLAG_BIAS)) &&
-                       p.act == PYDNN_CONV_ACT_IDENTITY;
     const bool pair = p.flags & PYDNN_CONV_FLAG_PAIR;
     // the fused conv + bias (+ z) (+ ReLU) of a network in registers (no beta; IDENTITY, or RELU without NaN
     // propagation); the other epilogues through epilogue_value
@@ -160,9 +164,48 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
       wgmma::fence_operands(acc);
       if (ktiles > 0 && signals) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
       // acc[4 j + 2 h + e]: tile row wg * 64 + warp * 16 + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e.
-      // The plain call (alpha only) scales; anything else goes through epilogue_value (beta, z, bias,
-      // activation). Channel pairs as one 32-bit word where y's channels are contiguous and 4-byte aligned
-      // pairs (FLAG_PAIR, set per call).
+      if (lean && !has_z && q.wide) {  // 16 bytes a lane (the plain call, or the fused bias (+ ReLU) without z):
+        // groups 4 jj .. 4 jj + 3 transposed over the quad (quad::transpose), lane t then holds group 4 jj + t's 8
+        // channels (K % 8 == 0: a group lies in y or past K whole); the bias added to the pairs before it
+        const int t = lane & 3;
+        const T* bias = static_cast<const T*>(p.bias);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = wg * 64 + warp * 16 + (lane >> 2) + 8 * h;
+          const int wi = row % q.tw, hi = (row / q.tw) % q.th, ni = row / (q.tw * q.th);
+          const int n = nb + ni, oh = h0 + hi, ow = w0 + wi;
+          const bool live = n < p.batch && oh < P && ow < Q;
+          T* yrow = out + ((long long)n * p.ys[0] + (long long)oh * p.ys[3] + (long long)ow * p.ys[4]);
+#pragma unroll
+          for (int jj = 0; jj < BN / 32; ++jj) {
+            unsigned x[4];
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+              const int j = 4 * jj + s;
+              float v0 = acc[4 * j + 2 * h] * alpha, v1 = acc[4 * j + 2 * h + 1] * alpha;
+              if (has_bias) {  // as the pairs' path: fmaf(acc, alpha, bias)
+                const int cp = n0 + 8 * j + 2 * t;  // this lane's pair, before the transpose
+                const float b0 = cp < p.gn ? load<float>(bias[cp * p.bias_stride]) : 0.f;
+                const float b1 = cp + 1 < p.gn ? load<float>(bias[(cp + 1) * p.bias_stride]) : 0.f;
+                v0 = fmaf(acc[4 * j + 2 * h], alpha, b0);
+                v1 = fmaf(acc[4 * j + 2 * h + 1], alpha, b1);
+              }
+              if (relu) {
+                v0 = fmaxf(v0, 0.f);
+                v1 = fmaxf(v1, 0.f);
+              }
+              x[s] = pack16x2<T>(v0, v1);
+            }
+            quad::transpose(x);  // every lane of the warp: full-mask shuffles
+            const int ch = n0 + 8 * (4 * jj + t);
+            if (live && ch < p.gn) *reinterpret_cast<uint4*>(yrow + ch) = make_uint4(x[0], x[1], x[2], x[3]);
+          }
+        }
+        continue;
+      }
+      // The plain call (alpha only) and the fused bias (+ z) (+ ReLU) in registers; anything else through
+      // epilogue_value (beta, other activations). Channel pairs as one 32-bit word where y's channels are
+      // contiguous and 4-byte aligned pairs (FLAG_PAIR, set per call).
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = wg * 64 + warp * 16 + (lane >> 2) + 8 * h;
@@ -178,10 +221,8 @@ __global__ void __launch_bounds__(384, 1) fwd_tma(const __grid_constant__ ConvTm
           const bool two = ch + 1 < p.gn;
           const long long off = ybase + (long long)ch * p.ys[1];
           float v0, v1;
-          if (plain) {
-            v0 = acc[4 * j + 2 * h] * alpha;
-            v1 = acc[4 * j + 2 * h + 1] * alpha;
-          } else if (lean) {  // alpha * acc + bias (+ alpha2 * z), then max(v, 0) for ReLU (NaN -> 0)
+          if (lean) {  // alpha * acc (+ bias) (+ alpha2 * z), then max(v, 0) for ReLU (NaN -> 0); the plain call too
+            // (its 16-byte form above where q.wide: one path less to compile here)
             const T* bias = static_cast<const T*>(p.bias);
             const float b0 = has_bias ? load<float>(bias[ch * p.bias_stride]) : 0.f;
             const float b1 = has_bias && two ? load<float>(bias[(ch + 1) * p.bias_stride]) : 0.f;

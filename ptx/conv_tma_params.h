@@ -24,7 +24,9 @@ typedef struct {
   int tiles_w, tiles_h, tiles_n;    /* boxes along W, H, N */
   int tiles_k;                      /* tiles of BN output channels */
   int cblocks;                      /* channel blocks of 64 a tap */
-  int pad_tail[6];                  /* the size a multiple of 64 bytes, as the C compiler lays it out */
+  int wide;                         /* the plain epilogue stores 16 bytes a lane (y's channels contiguous, rows
+                                       16-byte aligned, K % 8 == 0; set per call) */
+  int pad_tail[5];                  /* the size a multiple of 64 bytes, as the C compiler lays it out */
 } ConvTmaParams;
 
 #endif

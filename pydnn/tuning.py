@@ -178,18 +178,53 @@ conv = Switches(
                     "and no tiling is forced, \"always\" also under a forced tiling (tests, benchmarks), False "
                     "never (tools/bench_conv_tma.py; H200 mid-session run 3: 1.10-1.30x fwd_wgmma on 11 forward "
                     "rows, geomean vs cuDNN 0.594 -> 0.706)"),
+    FWD_TMA_STRIDED=(True, "sm_90: FWD_TMA for strided forwards too (stride 2..8 along H / W): x's TMA box spans "
+                           "tw * stride columns (th * stride rows) and loads every stride-th pixel (the map's element "
+                           "strides), so a strided tap's window is one box as a stride-1 one. True where FWD_TMA takes "
+                           "the problem and fwd_tma has a wave of items (conv_tma.STRIDED_MIN_WAVES), \"always\" also "
+                           "under a wave, False never. H200 (session 33 mid-session run, plain stores, "
+                           "tools/bench_conv_tma_routes.py --set strided, the sweep's 24 one-group strided forwards on "
+                           "fwd_wgmma): fwd_tma / fwd_wgmma 1.205 geomean over the 10 points with >= a wave of items "
+                           "(0.878-1.364), 0.978 over the 14 under a wave (0.774-1.253)"),
+    FWD_TMA_WIDE=(True, "fwd_tma's plain epilogue (alpha only) stores 16 bytes a lane (a quad's 4 x 4 transpose of "
+                        "packed pairs, ptx/common/quad.cuh, as matmul's gemm_tma WIDE store: whole 32-byte sectors a "
+                        "warp store instead of half ones) where y's channels are contiguous, its rows 16-byte aligned "
+                        "and K % 8 == 0; the fused bias (+ ReLU) without z too (so the fused call keeps the plain "
+                        "call's stores: not timed apart). H200 (session 33 mid-session run, "
+                        "tools/bench_conv_tma_routes.py --set 1x1: "
+                        "30 memory-bound 1x1 points on fwd_tma): 2.1-3.0x the 4-byte pair stores at the same tile "
+                        "(0.335 -> 0.802 of cuDNN geomean; e.g. N64 1x1 64->256 @56 0.1415 -> 0.0459 ms, cuDNN 0.0406)"),
     FWD_TMA_BN=(None, "fwd_tma's tile width in output channels (64, 128 or 256); None: conv_tma._bn's choice"),
     DGRAD_TMA=(True, "sm_90: a call's own unsplit stride-1 backward-data plan on fwd_wgmma runs fwd_tma instead "
                      "(the forward of dy; B read MN-major from the packed KRSC filter by TMA, or from "
                      "filter_kc_swap's copy where the replaced plan is the swap's; conv_tma.tma_dgrad_top): True "
                      "where C >= conv_tma.MIN_K, no tiling is forced and conv_tma.slower_than_replaced does not "
-                     "object, \"always\" also under a forced tiling (tests, benchmarks), False never "
-                     "(tools/bench_dgrad_tma.py; H200 session 32: fwd_tma / fwd_wgmma 1.10-1.30x on 11 rows, "
-                     "1.146x geomean over the sweep's 82 stride-1 points with the rule; its units compile on first use, "
-                     "pydnn/_build/rare.py)"),
-    DGRAD_TMA_PHASES=(False, "as DGRAD_TMA for the stride-1 phases of a strided backward data (dgrad_phases.py): "
-                             "each phase's fwd_wgmma plan on fwd_tma (B through a 4-d map of the phase's "
-                             "sub-filter view)"),
+                     "object (its under-a-wave mark: fwd_tma at the 64-wide tile, conv_tma.UNDER_WAVE), \"always\" "
+                     "also under a forced tiling (tests, benchmarks), False never (tools/bench_dgrad_tma.py; H200 "
+                     "session 32: fwd_tma / fwd_wgmma 1.10-1.30x on 11 rows, 1.146x geomean over the sweep's 82 "
+                     "stride-1 points with the rule; session 33: BN 64 under a wave 1.13-1.50x on 12; its units "
+                     "compile on first use, pydnn/_build/rare.py)"),
+    DGRAD_TMA_PHASES=(True, "as DGRAD_TMA for the stride-1 phases of a strided backward data (dgrad_phases.py): "
+                            "each phase's fwd_wgmma plan on fwd_tma (B through a 4-d map of the phase's sub-filter "
+                            "view). True where the phase's output tiles are at least conv_tma.PHASE_MIN_FILL full "
+                            "(dx's C / (BN * tiles)), \"always\" every phase fwd_tma takes, False never. H200 (session "
+                            "33 mid-session run, plain stores, tools/bench_dgrad_tma.py --phases, the sweep's 15 "
+                            "strided one-group points): phases on fwd_tma / on fwd_wgmma 1.134 geomean over the 12 "
+                            "with tiles >= 0.9 full (0.896-1.758), 0.638 over the 3 under (fill 0.59-0.63)"),
+    TMA_1X1=(True, "sm_90: a call's own direct 1x1 GEMM-algorithm plan (gemm.py: matmul on x / dy itself, 16-bit "
+                   "NHWC) whose matmul runs the mma.sync gemm_tc tile (reductions under matmul.WG_MIN_K: one block a "
+                   "tile, its loads not overlapped with its stores, ~1.1 TB/s) runs fwd_tma instead (forward: the "
+                   "problem itself; backward data: DgradTmaPlan), the GEMM plan kept as the fallback and the "
+                   "estimate: True where fwd_tma takes it (conv_tma.gemm1x1_top), \"always\" the same, False never. "
+                   "H200 (session 33 mid-session run, tools/bench_conv_tma_routes.py --set 1x1, the sweep's 30 such "
+                   "points): fwd_tma with the 16-byte store (FWD_TMA_WIDE) / the GEMM plan 2.11x geomean (0.97-2.57), "
+                   "0.380 -> 0.802 of cuDNN (0.881 at the best tile width); with 4-byte stores it was 0.88x"),
+    WGRAD_MM=(True, "sm_90: a call's own 1x1 stride-1 unpadded backward filter of 16-bit NHWC x / dy runs as one "
+                    "pydnn.ops.matmul GEMM, dw = dy^T x over the N * P pixels, with matmul's split-K "
+                    "(pydnn/ops/convolution/wgrad_mm.py), the replaced plan kept as the fallback and the estimate: "
+                    "True where C * K >= wgrad_mm.MIN_CK and N * P >= MIN_ROWS, \"always\" wherever it fits, False "
+                    "never. H200 (session 33, tools/bench_conv_tma_routes.py --set wgrad, the sweep's 73 1x1 backward "
+                    "filters): 1.209x geomean over the 17 the rule takes (0.959-1.475), 0.317x over the rest"),
     WGM_BWD_SWAP=(False, "backward data on fwd_wgmma through filter_kc_swap + the forward even where "
                          "fwd_wgmma reads B straight from the filter (the direct plan: no swap, no "
                          "workspace, 1.05-1.13x the swap on the H100)"),

@@ -154,7 +154,8 @@ NETWORKS = (("resnet50", RESNET50), ("resnext50", RESNEXT50), ("unet", UNET))
 # the kernel units a bf16 sweep loads (build_all prefixes; --prebuild compiles them in parallel first)
 PREBUILD = ("convolution.bf16", "convolution.wgmma.bf16", "convolution.wgmma.split.bf16", "convolution.wgrad.bf16", "convolution.grouped.bf16",
             "conv_gemm.bf16", "conv_dgrad.bf16", "conv_bias.bf16", "conv_winograd.bf16", "matmul.bf16",
-            "matmul.wgmma.bf16", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16")
+            "matmul.wgmma.bf16", "matmul.wgmmap.bf16", "matmul.wgmmas.bf16", "convolution.tma.bf16")
+PREBUILD += tuple(f"convolution.{u}.bn{bn}.bf16" for u in ("tma_dgrad", "tma_phase") for bn in (64, 128, 256))   # fwd_tma
 
 FUSED_N = 32
 FUSED_LAYERS = [RESNET50[2], RESNET50[4], RESNET50[16], RESNET50[19]]

@@ -51,8 +51,16 @@ RULES = (
          "budget has no room for; the first training step compiles a data type's widths at once, in parallel",
          together=True),
     Rule(r"convolution\.tma_phase\.bn(64|128|256)\.(f16|bf16)", r"",
-         "fwd_tma<..., BKN = 2>: a strided backward data's phases on fwd_tma, only under tuning.conv.DGRAD_TMA_PHASES "
-         "(off: not measured yet)"),
+         "fwd_tma<..., BKN = 2>: a strided backward data's phases on fwd_tma (tuning.conv.DGRAD_TMA_PHASES, on where "
+         "the phase's tiles are >= 0.9 full; session 33): ~35 model s more than the budget holds"),
+    # The forward's 256-wide tile (session 33): the 16-byte store (tuning.conv.FWD_TMA_WIDE, 2.1-3.0x on memory-bound
+    # layers) made its two units 1.21x dearer (NVRTC CPU s on this host, back to back: 6.8 -> 8.25), the 2-core replay
+    # 298 -> 300.4 s against issue 21's 300. bf16's stays installed (training's type; the replay 293.5 s); half's
+    # compiles on first use (~8 CPU s, once a machine) for a plan on the 256-wide tile (K >= 256 with few waves, or a
+    # short reduction with many items), or `python -m pydnn build --all --only convolution.tma` ahead.
+    Rule(r"convolution\.tma\.f16\.bn256", r"",
+         "fwd_tma's 256-wide tile for half: ~19 model s of a 2-core install that issue 21's 300 s budget has no room "
+         "for since the 16-byte store (bf16's and the 64- / 128-wide tiles are installed)"),
     Rule(r"convolution\.wgrad\.(f16|bf16)", r"wgrad_tc_wgmma<[^,]+, (128, 128, 4, 1, 1|64, 128, 4, 2, 1)>$",
          "wgrad_tc_wgmma's V 1 copy loop (wgrad_wgmma.VARIANTS): only a forced tiling runs it"),
     Rule(r"convolution\.(f16|bf16)", r"::wgrad_tc<",

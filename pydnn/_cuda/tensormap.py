@@ -70,11 +70,12 @@ class TiledMap:
         return f"TiledMap({self.tag}, dims {self.dims}, strides {self.strides}, box {self.box})"
 
 
-def encode_tiled(tag, address, dims, strides, box, l2="L2_256B"):
+def encode_tiled(tag, address, dims, strides, box, l2="L2_256B", elem_strides=None):
     """cuTensorMapEncodeTiled for a tiled map of any rank (dims innermost first, element counts; strides in
-    bytes of dims 1.., box in elements; element strides 1, no interleave, 128-byte swizzle, out-of-bounds
-    elements zero): its 128 bytes. The caller has checked the driver's rules (map_problem for the 3-D
-    matmul operand maps)."""
+    bytes of dims 1.., box in elements; element strides 1 unless given (the box then loads ceil(box[i] /
+    elem_strides[i]) elements along dim i, every elem_strides[i]-th; 1..8, the innermost's ignored), no
+    interleave, 128-byte swizzle, out-of-bounds elements zero): its 128 bytes. The caller has checked the
+    driver's rules (map_problem for the 3-D matmul operand maps)."""
     from . import driver
 
     d = driver._driver()
@@ -82,7 +83,7 @@ def encode_tiled(tag, address, dims, strides, box, l2="L2_256B"):
     try:
         err, tmap = d.cuTensorMapEncodeTiled(
             getattr(d.CUtensorMapDataType, DTYPE_NAMES[tag]), len(dims), address, [u64(v) for v in dims],
-            [u64(v) for v in strides], [u32(v) for v in box], [u32(1)] * len(dims),
+            [u64(v) for v in strides], [u32(v) for v in box], [u32(v) for v in (elem_strides or (1,) * len(dims))],
             d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
             getattr(d.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{l2}"),
             d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)

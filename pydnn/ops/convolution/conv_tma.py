@@ -4,12 +4,17 @@ behind tuning.conv.FWD_TMA (on: a call's own unsplit fwd_wgmma forward plan with
 mid-session run 3, tools/bench_conv_tma.py: 1.10-1.30x fwd_wgmma on 11 forward rows, 0.594 -> 0.706 of cuDNN).
 
 What it takes (tma_refusal says why not): half / bfloat16, one group, 2-d, stride 1 (a tap's window of a box
-of output pixels is then a box of x), any padding and dilation, either mode; x NHWC-like with channel stride 1
-and every other stride a multiple of 8 elements (TMA: 16-byte strides, a 16-byte aligned base, checked per
-call: a misaligned x, or maps the driver cannot encode, run fwd_wgmma's plan instead); the filter packed KRSC (a 3-d map: C, R * S, K); C a
-multiple of 8; y any strides (the epilogue writes channel pairs or elements). The output tile's 128 GEMM rows are a
-box of tn images x th rows x tw columns of y (powers of two, tn * th * tw = 128), chosen to waste the fewest
-rows at the image's edges (_box).
+of output pixels is then a box of x), or strides up to 8 under tuning.conv.FWD_TMA_STRIDED (x's box then spans
+stride x the pixels and loads every stride-th: the map's element strides), any padding and dilation, either
+mode; x NHWC-like with channel stride 1 and every other stride a multiple of 8 elements (TMA: 16-byte strides,
+a 16-byte aligned base, checked per call: a misaligned x, or maps the driver cannot encode, run fwd_wgmma's
+plan instead); the filter packed KRSC (a 3-d map: C, R * S, K); C a multiple of 8; y any strides (the epilogue
+writes 16-byte groups of 8 channels where y allows it, tuning.conv.FWD_TMA_WIDE, else channel pairs or
+elements). The output tile's 128 GEMM rows are a box of tn images x th rows x tw columns of y (powers of two,
+tn * th * tw = 128), chosen to waste the fewest rows at the image's edges (_box).
+
+The GEMM algorithm's direct 1x1 plans on matmul's mma.sync tile move here too (tuning.conv.TMA_1X1,
+gemm1x1_top: the section at the end).
 
 The plan (TmaPlan, a StepPlan) encodes x's and the filter's tensor maps per call (tensormap.MapCache: once
 per base address) into ConvTmaParams and launches one kernel; ConvolutionBiasActivationForward's fields are
@@ -54,7 +59,8 @@ class ConvTmaParams(ctypes.Structure):
     _fields_ = [("map_x", ctypes.c_uint64 * 16), ("map_w", ctypes.c_uint64 * 16), ("p", ConvParams),
                 ("tw", ctypes.c_int), ("th", ctypes.c_int), ("tn", ctypes.c_int),
                 ("tiles_w", ctypes.c_int), ("tiles_h", ctypes.c_int), ("tiles_n", ctypes.c_int),
-                ("tiles_k", ctypes.c_int), ("cblocks", ctypes.c_int), ("pad_tail", ctypes.c_int * 6)]
+                ("tiles_k", ctypes.c_int), ("cblocks", ctypes.c_int), ("wide", ctypes.c_int),
+                ("pad_tail", ctypes.c_int * 5)]
 
 
 BKN_UNITS = {0: "tma", 1: "tma_dgrad", 2: "tma_phase"}
@@ -82,6 +88,14 @@ for _t in TAGS:
             add_kernels(unit(_t, _bn, _k), "conv_tma.cu", (expr(_t, _bn, _k),), archs=(ARCH + "a",))
 
 
+# A short reduction (<= SHORT_RED K tiles: a 1x1 of C <= 256) is memory-bound; with the 16-byte store, its 256-wide tile
+# (x read once per 256 output channels) beat the 128-wide one where the 128-wide items made >= WIDE256_WAVES waves
+# (H200, session 33, the 1x1 route's points: 16 of 16 with K >= 256 and >= 784 items, 1.04-1.31x, e.g. N128 1x1
+# 128->256 @56 0.1139 -> 0.0872 ms; at 392 items (3 waves) 128 was faster on all 4, 1.09-1.12x)
+SHORT_RED = 4
+WIDE256_WAVES = 4
+
+
 def _bn(handle, pb, tiles_px):
     """The tile's output channels: tuning.conv.FWD_TMA_BN, else 64 for K <= 64 (a 128-wide tile would be half
     empty); 256 where K >= 256, the 128-wide tiles would take under two waves of the SMs and the 256-wide ones
@@ -96,13 +110,21 @@ def _bn(handle, pb, tiles_px):
     if pb.k <= 64:
         return 64
     sms = max(handle.sm_count, 1)
+    ktiles = pb.filt3[1] * pb.filt3[2] * cdiv(pb.c, BK)
+    if (tuning.conv.FWD_TMA_WIDE and ktiles <= SHORT_RED and pb.k >= 256
+            and tiles_px * cdiv(pb.k, 128) >= WIDE256_WAVES * sms):
+        return 256   # a memory-bound short reduction with many items: x's tiles read once per 256 channels
     if pb.k >= 256 and tiles_px * cdiv(pb.k, 128) < 2 * sms and tiles_px * cdiv(pb.k, 256) * 2 >= sms:
         return 256
     return 128
 
 
-def tma_refusal(handle, pb):
-    """Why fwd_tma does not take a forward problem (text), or None."""
+MAX_ESTRIDE = 8   # a TMA map's element strides are 1..8 (cuTensorMapEncodeTiled)
+
+
+def tma_refusal(handle, pb, strided=False):
+    """Why fwd_tma does not take a forward problem (text), or None. strided: a stride of 2..MAX_ESTRIDE taken
+    (x's map walks every stride-th pixel: element strides; tuning.conv.FWD_TMA_STRIDED)."""
     if handle.arch != ARCH:
         return f"arch {handle.arch} (fwd_tma is sm_90a code)"
     if pb.tag not in TAGS:
@@ -111,7 +133,7 @@ def tma_refusal(handle, pb):
         return "groups"
     if pb.nspatial != 2 or pb.in3[0] != 1 or pb.filt3[0] != 1:
         return "not a 2-d problem"
-    if pb.stride3 != (1, 1, 1):
+    if pb.stride3 != (1, 1, 1) and not (strided and pb.stride3[0] == 1 and max(pb.stride3) <= MAX_ESTRIDE):
         return "stride"
     if pb.c % 8:
         return "C % 8 (16-byte TMA strides)"
@@ -128,15 +150,16 @@ def tma_refusal(handle, pb):
     return None
 
 
-def _box(n, P, Q):
+def _box(n, P, Q, sh=1, sw=1):
     """(tw, th, tn): powers of two, tw * th * tn = 128, with the fewest padded rows over the whole y (ties:
-    the widest tw, for longer contiguous runs of x)."""
+    the widest tw, for longer contiguous runs of x); strided, x's box spans tw * sw columns and th * sh rows,
+    each at most a TMA box dim's 256."""
     best = None
     for a in range(8):
         for b in range(8 - a):
             tw, th = 1 << a, 1 << b
             tn = 128 // (tw * th)
-            if tw * th * tn != 128:
+            if tw * th * tn != 128 or tw * sw > TM.MAX_BOX or th * sh > TM.MAX_BOX:
                 continue
             rows = cdiv(Q, tw) * tw * cdiv(P, th) * th * cdiv(n, tn) * tn
             key = (rows, -tw)
@@ -147,6 +170,8 @@ def _box(n, P, Q):
 
 class TmaPlan(StepPlan):
     """fwd_tma's launch: the maps of x and the filter per base address, then one kernel."""
+
+    wide_ok = False   # the 16-byte store (plan_tma sets it where tuning.conv.FWD_TMA_WIDE takes the output)
 
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         if not self.encode(a_ptr, b_ptr):
@@ -174,6 +199,7 @@ class TmaPlan(StepPlan):
         p.alpha, p.beta = alpha, beta
         p.flags = ((p.flags & ~(FLAG_BETA | FLAG_PAIR)) | (FLAG_BETA if beta != 0 else 0)
                    | (FLAG_PAIR if self.pair_ok and out_ptr % 4 == 0 else 0))
+        self.q.wide = int(self.wide_ok and out_ptr % 16 == 0)   # (the kernel takes it for the plain epilogue only)
         if self.func is None:
             self.func = handle.function(self.unit_name, self.expr)
             driver.function_set_max_dynamic_smem(self.func, self.smem)
@@ -201,14 +227,18 @@ class TmaPlan(StepPlan):
 class _Map:
     """TiledMap-like: encode(address) -> the 128 bytes (tensormap.encode_tiled with the plan's dims)."""
 
-    def __init__(self, tag, dims, strides, box):
+    estrides = None   # element strides (a strided forward's x); set on the instance only then (plan digests)
+
+    def __init__(self, tag, dims, strides, box, estrides=None):
         self.tag, self.dims, self.strides, self.box = tag, dims, strides, box
+        if estrides is not None:
+            self.estrides = estrides
 
     def encode(self, address):
-        return TM.encode_tiled(self.tag, address, self.dims, self.strides, self.box)
+        return TM.encode_tiled(self.tag, address, self.dims, self.strides, self.box, elem_strides=self.estrides)
 
 
-def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
+def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None, bn=None):
     """fwd_tma's plan of a forward problem tma_refusal takes (`fallback`: the plan a misaligned call runs).
     Backward data (plan_dgrad_tma) passes its forward of dy as pb, its own plan object as pl, and bkn 1 / 2: B read
     from the original filter (K = pb.c, C = pb.k), packed KRSC (1) or through its (k, c, d, r, s) strides bkn_ws
@@ -222,11 +252,11 @@ def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
     q = ConvTmaParams()
     q.p = p
     n, P, Q = pb.n, pb.out3[1], pb.out3[2]
-    tw, th, tn = _box(n, P, Q)
+    tw, th, tn = _box(n, P, Q, pb.stride3[1], pb.stride3[2])
     q.tw, q.th, q.tn = tw, th, tn
     q.tiles_w, q.tiles_h, q.tiles_n = cdiv(Q, tw), cdiv(P, th), cdiv(n, tn)
     tiles_px = q.tiles_w * q.tiles_h * q.tiles_n
-    bn = _bn(handle, pb, tiles_px)
+    bn = bn or _bn(handle, pb, tiles_px)
     q.tiles_k, q.cblocks = cdiv(pb.k, bn), cdiv(pb.c, BK)
     items = q.tiles_w * q.tiles_h * q.tiles_n * q.tiles_k
     pl.q = q
@@ -240,8 +270,12 @@ def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
         mw = _Map(pb.tag, (pb.k, S, R, C), (bkn_ws[4] * es, bkn_ws[3] * es, bkn_ws[0] * es), (64, 1, 1, BK))
     else:     # (K, taps, C) packed, C this forward's input channels: boxes of 64 of them x 1 tap x BN of K
         mw = _Map(pb.tag, (C, R * S, pb.k), (C * es, R * S * C * es), (BK, 1, bn))
-    pl.maps = (TM.MapCache(_Map(pb.tag, (C, W, H, n), (xs[4] * es, xs[3] * es, xs[0] * es), (BK, tw, th, tn))),
-               TM.MapCache(mw))
+    # x: a box of tw x th x tn output pixels' windows for one tap; strided, the box spans tw * stride columns
+    # (th * stride rows) of x and loads every stride-th (the map's element strides): the same 128 rows of 64 c
+    sh, sw = pb.stride3[1], pb.stride3[2]
+    mx = _Map(pb.tag, (C, W, H, n), (xs[4] * es, xs[3] * es, xs[0] * es), (BK, tw * sw, th * sh, tn),
+              (1, sw, sh, 1) if (sh, sw) != (1, 1) else None)
+    pl.maps = (TM.MapCache(mx), TM.MapCache(mw))
     pl.grid = (max(1, min(items, handle.sm_count)), 1, 1)
     pl.argv = driver.kernel_args(q)
     pl.bn = bn
@@ -251,6 +285,9 @@ def plan_tma(handle, pb, algo, fallback, pl=None, bkn=0, bkn_ws=None):
     pl.smem = smem(bn)
     ys = pb.ys
     pl.pair_ok = ys[1] == 1 and all(ys[i] % 2 == 0 for i in (0, 2, 3, 4))
+    # the 16-byte store (tuning.conv.FWD_TMA_WIDE): y's channels contiguous, its rows 16-byte strided, K % 8 == 0
+    if tuning.conv.FWD_TMA_WIDE and ys[1] == 1 and all(ys[i] % 8 == 0 for i in (0, 3, 4)) and pb.k % 8 == 0:
+        pl.wide_ok = True
     pl.items = items
     return pl
 
@@ -271,9 +308,21 @@ def tma_top(handle, pl):
         return pl
     if mode != "always" and (tuning.conv.TC_FORCE.get(DIR_FWD) is not None or pl.problem.k < MIN_K):
         return pl   # a forced tiling runs as forced; K < MIN_K: not measured faster
-    if tma_refusal(handle, pl.problem) is not None:
+    smode = tuning.conv.FWD_TMA_STRIDED
+    strided = pl.problem.stride3 != (1, 1, 1)
+    if strided and not smode:
+        return pl   # a strided forward: its own switch (FWD_TMA's mode rules the rest)
+    if tma_refusal(handle, pl.problem, strided=bool(smode)) is not None:
         return pl
-    return plan_tma(handle, pl.problem, pl.algo, pl)
+    tp = plan_tma(handle, pl.problem, pl.algo, pl)
+    if strided and smode != "always" and tp.items < STRIDED_MIN_WAVES * max(handle.sm_count, 1):
+        return pl   # under a wave of items: fwd_wgmma's 2-blocks-an-SM tile measured as fast (FWD_TMA_STRIDED)
+    return tp
+
+
+# FWD_TMA_STRIDED True takes a strided forward where fwd_tma has at least this many waves of items (H200, session 33:
+# fwd_tma / fwd_wgmma 1.205 geomean over the sweep's 10 strided points with a wave or more, 0.978 over the 14 under)
+STRIDED_MIN_WAVES = 1
 
 
 register_top(tma_top)
@@ -335,14 +384,14 @@ def dgrad_refusal(handle, pb, swap, phase=False):
     return None
 
 
-def plan_dgrad_tma(handle, pb, algo, fallback, swap, phase=False):
+def plan_dgrad_tma(handle, pb, algo, fallback, swap, phase=False, bn=None):
     """fwd_tma's plan of a backward-data problem dgrad_refusal takes: direct (swap False: the fallback is
     tensor_core's one-launch fwd_wgmma plan; BKN 1, or 2 for a phase) or after filter_kc_swap (swap True: the
     fallback is its BwdWgmmaPlan, whose swap this plan launches)."""
     from .tensor_core import _bwd_wgm_problem
     spb = _bwd_wgm_problem(pb)
     pl = DgradTmaPlan(DIR_BWD_DATA, algo, pb)
-    plan_tma(handle, spb, algo, fallback, pl=pl, bkn=0 if swap else 2 if phase else 1, bkn_ws=tuple(pb.ws))
+    plan_tma(handle, spb, algo, fallback, pl=pl, bkn=0 if swap else 2 if phase else 1, bkn_ws=tuple(pb.ws), bn=bn)
     pl.problem, pl.sub_problem = pb, spb
     pl.unit = pl.unit_name   # (dgrad_phases' PhasePlan names its biggest phase's unit)
     pl.swap_plan = fallback if swap else None
@@ -366,7 +415,7 @@ def slower_than_replaced(handle, tp, pl):
     if tp.items < max(handle.sm_count, 1) and ktiles <= SHORT_K and "fwd_wgmma<" in (pl.gemm_expr or ""):
         from .tensor_core import _wgm_cfg
         if _wgm_cfg(pl.gemm_expr)[0] == 64:
-            return f"{tp.items} items of {ktiles} K tiles, the replaced 128 x 64 tile"
+            return f"{UNDER_WAVE} {tp.items} items of {ktiles} K tiles, the replaced 128 x 64 tile"
     if tp.sub_problem.c < BK:
         return f"dy's {tp.sub_problem.c} channels: under one K tile"
     return None
@@ -396,17 +445,82 @@ def tma_dgrad_top(handle, pl, mode=None, phase=False):
     if dgrad_refusal(handle, pb, swap, phase) is not None:
         return pl
     tp = plan_dgrad_tma(handle, pb, pl.algo, pl, swap, phase)
-    if mode != "always" and slower_than_replaced(handle, tp, pl) is not None:
-        return pl
+    if mode != "always":
+        why = slower_than_replaced(handle, tp, pl)
+        if (why is not None and why.startswith(UNDER_WAVE) and tp.bn > 64 and not phase
+                and tuning.conv.FWD_TMA_BN is None):
+            return plan_dgrad_tma(handle, pb, pl.algo, pl, swap, phase, bn=64)   # 2-4x the items: see UNDER_WAVE
+        if why is not None:
+            return pl
     return tp
+
+
+# slower_than_replaced's first mark (under a wave of items, a short reduction, over fwd_wgmma's 128 x 64 MINB 2 tile):
+# there fwd_tma at the 64-wide tile (2-4x the items of the chooser's 128 / 256) beat the kept fwd_wgmma plan on all 12
+# network points of the sweep that carry it, 1.13-1.50x (H200, session 33 mid-session run, pair stores: `--set few`,
+# e.g. N8 1x1 1024->2048 @7 0.0167 -> 0.0111 ms, N128 1x1 512->2048 @7 0.0444 -> 0.0358), so DGRAD_TMA True takes it
+# there at BN 64 (its second mark, dy's K under one K tile, keeps fwd_wgmma: 0.52-0.93x at BN 64; a strided call's
+# phases with the first mark keep it too: not measured at BN 64)
+UNDER_WAVE = "under a wave:"
 
 
 def tma_dgrad_phase_top(handle, pl):
     """The same for dgrad_phases.py's phases of a strided call (each a stride-1 backward data of dy into a
     strided view of dx, with a sub-filter view of w: BKN 2's 4-d map takes its tap strides), under
-    tuning.conv.DGRAD_TMA_PHASES (off: not measured on the GPU yet)."""
-    return tma_dgrad_top(handle, pl, tuning.conv.DGRAD_TMA_PHASES or False, phase=True)
+    tuning.conv.DGRAD_TMA_PHASES: True where the phase's output tiles (dx's C over BN-wide tiles) are at least
+    PHASE_MIN_FILL full, "always" wherever fwd_tma takes the phase."""
+    mode = tuning.conv.DGRAD_TMA_PHASES or False
+    tp = tma_dgrad_top(handle, pl, mode, phase=True)
+    if tp is pl or mode == "always":
+        return tp
+    c = tp.sub_problem.k   # the phase forward's output channels: dx's C
+    return tp if c / (tp.bn * cdiv(c, tp.bn)) >= PHASE_MIN_FILL else pl
+
+
+# DGRAD_TMA_PHASES True: the phases' output tiles at least this full (H200, session 33, the sweep's 15 strided points:
+# phases on fwd_tma / fwd_wgmma 1.134 geomean over the 12 with tiles >= 0.9 full, 0.638 over the 3 at 0.59-0.63: C 320
+# and 152 on 256- / 128-wide tiles; the one loser kept, C 248 at 0.97 full, 0.896)
+PHASE_MIN_FILL = 0.9
 
 
 register_top(tma_dgrad_top, scope="own")
 register_top(tma_dgrad_phase_top, scope="sub")
+
+
+# ----------------------------------------------------------------------------- the direct 1x1 GEMM plans
+#
+# The GEMM algorithm's direct 1x1 plan (gemm.py: one pydnn.ops.matmul on NHWC x, or dy, itself) runs matmul's
+# mma.sync gemm_tc tile where the reduction is short (matmul takes its wgmma / TMA tiles from K >= 256-512):
+# one block a 128 x 256 tile, its single K tile's loads not overlapped with its stores, ~1.1 TB/s on layers
+# that are memory-bound (the sweep, H200, 2026-11-28: 31 such points at 0.29-0.61x cuDNN, e.g. N128 1x1
+# 64->256 @56 forward 0.2232 ms against cuDNN's 0.0723). fwd_tma is persistent: its producer runs STAGES K
+# tiles (here: items) ahead of the consumers' epilogues.
+
+def _mm_tc(mp):
+    """Whether a matmul plan runs the mma.sync gemm_tc tile (no wgmma / TMA form)."""
+    return mp is not None and getattr(mp, "tma", None) is None and "gemm_tc<" in (mp.fast.expr if mp.fast else "")
+
+
+def gemm1x1_top(handle, pl):
+    """plans.register_top's hook (a call's own plan): tuning.conv.TMA_1X1 moves a direct 1x1 GEMM plan whose matmul
+    is gemm_tc to fwd_tma (forward: tma_refusal, K >= MIN_K; backward data: the direct DgradTmaPlan under
+    dgrad_refusal, C >= MIN_K, not where slower_than_replaced objects), the GEMM plan its fallback (a misaligned
+    call, maps that do not encode) and its estimate (Get..._v7's ranking is unchanged)."""
+    mode = tuning.conv.TMA_1X1
+    if not mode or not getattr(pl, "direct", False) or pl.fold is not None:
+        return pl
+    from . import gemm
+    pb = pl.problem
+    if pl.direction == DIR_FWD and type(pl) is gemm.GemmPlan:
+        if not _mm_tc(pl.mm[0]) or pl.mm[1] or pb.k < MIN_K or tma_refusal(handle, pb) is not None:
+            return pl
+        return plan_tma(handle, pb, pl.algo, pl)
+    if pl.direction == DIR_BWD_DATA and type(pl) is gemm.BwdGemmPlan:
+        if not _mm_tc(pl.mm) or pl.filter_a or pb.c < MIN_K or dgrad_refusal(handle, pb, False) is not None:
+            return pl
+        tp = plan_dgrad_tma(handle, pb, pl.algo, pl, False)
+        return pl if slower_than_replaced(handle, tp, pl) is not None else tp
+    return pl
+
+
+register_top(gemm1x1_top, scope="own")

@@ -21,7 +21,9 @@ FWD_GEMM = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM
 
 
 @pytest.fixture
-def h():
+def h(monkeypatch):
+    # the GEMM plan itself: tuning.conv.TMA_1X1 would move its short-reduction 1x1 plans to fwd_tma (conv_tma.py)
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
     return cpu_handle("sm_90", 132)
 
 

@@ -22,7 +22,9 @@ BWD_D0, BWD_D1 = pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0, pydnn.PYDNN_CONVOLUTIO
 
 
 @pytest.fixture
-def h():
+def h(monkeypatch):
+    # the GEMM plan itself: tuning.conv.TMA_1X1 would move its short-reduction 1x1 plans to fwd_tma (conv_tma.py)
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
     return cpu_handle("sm_90", 132)
 
 

@@ -110,6 +110,29 @@ def test_maps(h, tma_on):
     assert all(T.smem(bn) <= 227 * 1024 for bn in T.BNS) and pl.smem == T.smem(128)
 
 
+def test_strided_maps_and_switch(h, tma_on, monkeypatch):
+    """FWD_TMA_STRIDED: off, a strided forward keeps its fwd_wgmma plan; on, x's box spans tw * stride columns
+    (th * stride rows) and walks every stride-th (element strides (1, s, s, 1)); no box dim past 256 (stride 3 on
+    a wide image: tw <= 64); strides past 8 (a TMA element stride's limit) refused."""
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", False)
+    assert not isinstance(_plan(h, 8, 64, 64, 56, 3, 1, stride=2), T.TmaPlan)
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", True)   # True: a wave of items at least
+    assert not isinstance(_plan(h, 8, 64, 64, 56, 3, 1, stride=2), T.TmaPlan)      # 49 items for 132 SMs
+    big = _plan(h, 32, 64, 64, 56, 3, 1, stride=2)                                  # 196 items
+    assert isinstance(big, T.TmaPlan) and big.items >= 132
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", "always")
+    pl = _plan(h, 8, 64, 64, 56, 3, 1, stride=2)
+    assert isinstance(pl, T.TmaPlan) and "fwd_wgmma<" in pl.fallback.gemm_expr
+    q, mx = pl.q, pl.maps[0].map
+    assert mx.dims == (64, 56, 56, 8) and mx.box == (64, 2 * q.tw, 2 * q.th, q.tn) and mx.estrides == (1, 2, 2, 1)
+    assert (q.tiles_w * q.tw, q.tiles_h * q.th) >= (28, 28) and pl.q.p.stride[1] == 2
+    assert _plan(h, 8, 64, 64, 56, 3, 1).maps[0].map.estrides is None          # stride 1: no element strides
+    monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, (128, 128, 4, 1, 1))   # the base plan on fwd_wgmma
+    pl = _plan(h, 1, 64, 64, 2, 1, 0, stride=3, wdim=769)                      # Q 257: tw 128 would span 384
+    assert T._box(1, 1, 257) == (128, 1, 1) and pl.q.tw == 64 and pl.maps[0].map.box[1] == 192
+    assert "stride" in T.tma_refusal(h, _plan(h, 2, 64, 64, 40, 1, 0, stride=9).problem, strided=True)
+
+
 def test_tile_width(h, tma_on, monkeypatch):
     assert _plan(h, 64, 64, 64, 56, 3, 1).bn == 64                 # K 64: the 64-wide tile
     assert _plan(h, 128, 256, 256, 32, 3, 1).bn == 128             # 16 waves of 128-wide tiles: 128
@@ -132,13 +155,15 @@ def _emulate(pb, q, x, w, bn, box_b=None):
     P, Q = pb.out3[1], pb.out3[2]
     y = np.full((N, P, Q, K), np.nan)
     dh, dw, ph, pw = pb.dil3[1], pb.dil3[2], pb.pad3[1], pb.pad3[2]
+    sh, sw = pb.stride3[1], pb.stride3[2]
     flip = pb.flip
     wt = w.reshape(K, R * S, C)
 
     def box_x(c0, iw, ih, nb):
+        """The map's box at (c0, iw, ih, nb): every sw-th column and sh-th row (its element strides)."""
         out = np.zeros((q.tn, q.th, q.tw, 64))
         for ni, hi, wi in itertools.product(range(q.tn), range(q.th), range(q.tw)):
-            a, b, cc = nb + ni, ih + hi, iw + wi
+            a, b, cc = nb + ni, ih + hi * sh, iw + wi * sw
             if 0 <= a < N and 0 <= b < H and 0 <= cc < W:
                 cs = x[a, b, cc, c0:c0 + 64]
                 out[ni, hi, wi, :len(cs)] = cs
@@ -165,7 +190,7 @@ def _emulate(pb, q, x, w, bn, box_b=None):
             for s in range(S):
                 tap = (R - 1 - r) * S + (S - 1 - s) if flip else r * S + s
                 for cb in range(q.cblocks):
-                    acc += box_x(cb * 64, w0 + s * dw - pw, h0 + r * dh - ph, nb) @ box_w(cb * 64, tap, n0).T
+                    acc += box_x(cb * 64, w0 * sw + s * dw - pw, h0 * sh + r * dh - ph, nb) @ box_w(cb * 64, tap, n0).T
         for row in range(128):
             wi, hi, ni = row % q.tw, (row // q.tw) % q.th, row // (q.tw * q.th)
             a, oh, ow = nb + ni, h0 + hi, w0 + wi
@@ -184,10 +209,14 @@ def _emulate(pb, q, x, w, bn, box_b=None):
     ((1, 16, 24, 11), dict(r=3, pad=2, dil=2, wdim=13)),  # dilation, pad past the window
     ((2, 24, 8, 6), dict(r=5, pad=2)),                 # 5x5
     ((4, 64, 16, 5), dict(r=1, pad=0)),                # 1x1
+    ((2, 72, 24, 13), dict(r=3, pad=1, stride=2)),     # stride 2 (odd H: the last window's edge), channel tail
+    ((3, 16, 8, 9), dict(r=1, pad=0, stride=2)),       # 1x1 / 2
+    ((1, 24, 16, 17), dict(r=5, pad=2, stride=3, dil=2, mode=CONV, wdim=23)),   # stride 3, dilation, flip
 ])
 @pytest.mark.parametrize("bn", T.BNS)
 def test_emulated_walk_matches_the_reference(h, tma_on, rng, monkeypatch, args, kw, bn):
     monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, (128, 128, 4, 1, 1))   # the base plan on fwd_wgmma
+    monkeypatch.setattr(tuning.conv, "FWD_TMA_STRIDED", "always")
     monkeypatch.setattr(tuning.conv, "FWD_TMA_BN", bn)
     kw = dict(kw)
     n, c, k, hw = args
@@ -262,3 +291,50 @@ def test_true_takes_k_from_min_k_and_leaves_forced_tilings(h, monkeypatch):
     assert not isinstance(_plan(h, 128, 256, 256, 32, 3, 1), T.TmaPlan)      # a forced tiling runs as forced
     monkeypatch.setattr(tuning.conv, "FWD_TMA", "always")
     assert isinstance(_plan(h, 128, 256, 256, 32, 3, 1), T.TmaPlan)
+
+
+def _plan_dir(h, direction, algo, *a, **kw):
+    cv, xd, wd, yd = _descs(*a, **kw)
+    return CP.new_plan(h, direction, algo, cv, xd, wd, yd)
+
+
+def test_gemm1x1_top_moves_only_gemm_tc_plans(h, monkeypatch):
+    """TMA_1X1: the direct 1x1 GEMM plans whose matmul runs gemm_tc (a short reduction) move to
+    fwd_tma, the GEMM plan their fallback; plans on matmul's wgmma / TMA tiles (a long reduction), NCHW ones (the
+    filter as A), K or C under MIN_K stay."""
+    from pydnn.ops.convolution import gemm as G
+    GEMM, BD0 = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
+    fwd = lambda *a, **kw: _plan_dir(h, CPb.DIR_FWD, GEMM, *a, **kw)          # noqa: E731
+    bwd = lambda *a, **kw: _plan_dir(h, CPb.DIR_BWD_DATA, BD0, *a, **kw)      # noqa: E731
+    base = fwd(64, 64, 256, 56, 1, 0)
+    assert type(base) is G.GemmPlan and "gemm_tc<" in base.mm[0].fast.expr     # the default: the GEMM plan
+    assert type(bwd(64, 256, 64, 56, 1, 0)) is G.BwdGemmPlan
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", True)
+    pl = fwd(64, 64, 256, 56, 1, 0)
+    assert type(pl) is T.TmaPlan and type(pl.fallback) is G.GemmPlan and pl.fallback.direct
+    assert pl.maps[0].map.estrides is None and pl.workspace == 0
+    pl = bwd(64, 256, 64, 56, 1, 0)                       # dx 256 channels from dy's 64: the direct read of w
+    assert type(pl) is T.DgradTmaPlan and type(pl.fallback) is G.BwdGemmPlan and pl.swap_plan is None
+    assert pl.unit_name.startswith("convolution.tma_dgrad.")
+    long_k = fwd(128, 1024, 256, 14, 1, 0)                # reduction 1024: matmul's TMA tile, kept
+    assert type(long_k) is G.GemmPlan and "gemm_tc<" not in long_k.mm[0].fast.expr
+    assert type(fwd(8, 64, 32, 56, 1, 0)) is G.GemmPlan                       # K 32 < MIN_K
+    assert type(fwd(8, 64, 256, 56, 1, 0, fmt=NCHW)) is G.GemmPlan            # NCHW: not fwd_tma's
+    assert type(bwd(64, 256, 32, 56, 1, 0)) is G.BwdGemmPlan                  # dy's 32 channels: under a K tile
+    assert type(bwd(64, 32, 256, 56, 1, 0)) is G.BwdGemmPlan                  # dx's C 32 < MIN_K
+    # Get..._v7 ranks the moved plan by the GEMM plan's estimate: the same first choice either way
+    cv, xd, wd, yd = _descs(64, 64, 256, 56, 1, 0)
+    first = pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, cv, yd, 1)[0].algo
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
+    assert pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, cv, yd, 1)[0].algo == first
+
+
+def test_gemm1x1_fallback_is_the_gemm_plan(h, monkeypatch):
+    """A misaligned x (or maps that cannot encode, as on this CPU handle) runs the GEMM plan it replaced."""
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", True)
+    pl = _plan_dir(h, CPb.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, 64, 64, 256, 56, 1, 0)
+    seen = []
+    monkeypatch.setattr(CP, "run_plan", lambda handle, plan, *a: seen.append((plan, a)))
+    pl.launch(h, 0x1002, 0x2000, 0x3000, 0, 1.0, 0.5)
+    assert seen and seen[0][0] is pl.fallback and seen[0][1][:6] == (0x1002, 0x2000, 0x3000, 0, 1.0, 0.5)

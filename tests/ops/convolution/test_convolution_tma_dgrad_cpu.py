@@ -82,13 +82,21 @@ def test_switch(h, monkeypatch):
     assert isinstance(_plan(h, 32, 128, 128, 28, 3, 1), T.DgradTmaPlan)
 
 
-def test_what_it_leaves(h, on):
+def test_what_it_leaves(h, on, monkeypatch):
     sp = _plan(h, 8, 512, 512, 7, 3, 1)                     # the split-K model splits it: stays split
     assert type(sp) is CP.Plan and sp.fold is not None
     assert not isinstance(_plan(cpu_handle("sm_80", 108), 64, 64, 64, 56, 3, 1), T.TmaPlan)
-    ph = _plan(h, 32, 128, 128, 28, 3, 1, stride=2)         # stride 2: dgrad_phases' phases keep fwd_wgmma
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA_PHASES", False)
+    ph = _plan(h, 32, 128, 128, 28, 3, 1, stride=2)         # stride 2: dgrad_phases' phases, their own switch
     assert not isinstance(ph, T.TmaPlan)
     assert all(not isinstance(s[0], T.TmaPlan) for s in getattr(ph, "subs", ()))
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA_PHASES", True)
+    ph = _plan(h, 128, 128, 128, 28, 3, 1, stride=2)        # C 128: full tiles (PHASE_MIN_FILL)
+    assert any(isinstance(s[0], T.DgradTmaPlan) for s in ph.subs)
+    ph = _plan(h, 128, 320, 128, 28, 3, 1, stride=2)        # C 320 on 128- or 256-wide tiles: 0.83 / 0.63 full
+    assert all(not isinstance(s[0], T.TmaPlan) for s in ph.subs)
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA_PHASES", "always")
+    assert any(isinstance(s[0], T.DgradTmaPlan) for s in _plan(h, 128, 320, 128, 28, 3, 1, stride=2).subs)
     pb = _plan(h, 64, 64, 64, 56, 3, 1).problem
     assert T.dgrad_refusal(h, pb, False) is None
     assert "arch" in T.dgrad_refusal(cpu_handle("sm_80", 108), pb, False)
@@ -283,16 +291,19 @@ def test_phases_emulated(h, rng, monkeypatch, args, kw):
 
 
 def test_true_leaves_the_measured_losers(h, monkeypatch):
-    """DGRAD_TMA True keeps fwd_wgmma where the mid-session sweep measured fwd_tma slower (slower_than_replaced):
-    under a wave of items with <= SHORT_K K tiles over the replaced 128 x 64 tile, and dy's K under one K tile;
-    "always" takes them."""
+    """DGRAD_TMA True where the mid-session sweeps measured fwd_tma slower (slower_than_replaced): under a wave of
+    items with <= SHORT_K K tiles over the replaced 128 x 64 tile it takes fwd_tma at the 64-wide tile (session 33:
+    1.13-1.50x the kept plan), dy's K under one K tile keeps fwd_wgmma; "always" takes them at the chooser's width."""
     monkeypatch.setattr(tuning.conv, "DGRAD_TMA", True)
-    for args in ((8, 512, 256, 28, 1, 0), (8, 128, 128, 28, 3, 1), (135, 88, 40, 26, 7, 3)):
+    for args in ((8, 512, 256, 28, 1, 0), (8, 128, 128, 28, 3, 1)):
         pl = _plan(h, *args)
-        assert type(pl) is CP.Plan and "fwd_wgmma<" in pl.gemm_expr, args
+        assert isinstance(pl, T.DgradTmaPlan) and pl.bn == 64 and "fwd_wgmma<" in pl.fallback.gemm_expr, args
         monkeypatch.setattr(tuning.conv, "DGRAD_TMA", "always")
         tp = _plan(h, *args)
-        assert isinstance(tp, T.DgradTmaPlan) and T.slower_than_replaced(h, tp, pl) is not None, args
+        assert isinstance(tp, T.DgradTmaPlan) and tp.bn > 64, args
+        assert T.slower_than_replaced(h, tp, pl.fallback).startswith(T.UNDER_WAVE), args
         monkeypatch.setattr(tuning.conv, "DGRAD_TMA", True)
+    pl = _plan(h, 135, 88, 40, 26, 7, 3)          # dy's 40 channels: under one K tile
+    assert type(pl) is CP.Plan and "fwd_wgmma<" in pl.gemm_expr
     for args in ((8, 256, 512, 28, 1, 0), (32, 512, 512, 7, 3, 1), (8, 256, 256, 14, 3, 1), (64, 64, 64, 56, 3, 1)):
         assert isinstance(_plan(h, *args), T.DgradTmaPlan), args   # measured faster (1.015-1.261x)

@@ -136,6 +136,24 @@ def test_tma_backward_data_true_takes_the_model_plan(handle, rng, monkeypatch):
     assert CT is not None
 
 
+def test_tma_backward_data_under_a_wave_at_bn64(handle, rng, monkeypatch):
+    """DGRAD_TMA True where slower_than_replaced's under-a-wave mark used to keep fwd_wgmma (N8 1x1 512 <- 256 @28: 98
+    items of 256 for 132 SMs): fwd_tma at the 64-wide tile (conv_tma.UNDER_WAVE), through the public API."""
+    _need_sm90(handle)
+    monkeypatch.setattr(tuning.conv, "DGRAD_TMA", True)
+    case = ((8, 512, 28, 28), 256, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC)
+
+    def make(mode):
+        pb = _tc_problem(case, BF16, mode)
+        pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D1, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
+        assert isinstance(pl, CTMA.DgradTmaPlan) and pl.bn == 64, type(pl).__name__
+        _encodes(pl, pb.y.ptr, pb.w.ptr)
+        return pb
+
+    check_backward_data(rng, make, BF16, lambda pb, a, b: _backward_data_tc_run(handle, pb, a, b),
+                        "fwd_tma backward data BN 64 under a wave", reproducible=True)
+
+
 PHASE_CASES = [  # strided: dgrad_phases.py's stride-1 phases, each on fwd_tma's direct read (DGRAD_TMA_PHASES)
     ((2, 64, 13, 11), 64, (3, 3), (1, 1), (2, 2), (1, 1), 1, "nhwc", NHWC),     # ResNet 3x3/2, odd sizes
     ((2, 32, 9, 10), 128, (1, 1), (0, 0), (2, 2), (1, 1), 1, "nhwc", NHWC),     # 1x1/2: one phase + the fill
