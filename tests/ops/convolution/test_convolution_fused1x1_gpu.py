@@ -72,6 +72,9 @@ def _fused_call(handle, rng, case, dtype, act_mode, coef, alpha1, alpha2, nan_op
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[7]}{i}" for i, c in enumerate(CASES)])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "half"])
 def test_fused_1x1_on_matmul(handle, rng, monkeypatch, case, dtype):
+    # the GEMM plan itself: tuning.conv.TMA_1X1 would move its short-reduction 1x1 plans to fwd_tma (conv_tma.py;
+    # tests/ops/convolution/test_convolution_tma_gpu.py covers that route)
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
     count = _Count(monkeypatch)
     for act_mode, alpha2 in ((RELU, 0.0), (IDENT, 0.0), (RELU, 1.0), (IDENT, 1.0)):
         before = count.n

@@ -52,7 +52,9 @@ def _fwd_plan_is_matmul(handle, pb, kind):
 
 @pytest.mark.parametrize("case,kind", CASES, ids=[f"{k}{i}" for i, (_, k) in enumerate(CASES)])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "half"])
-def test_mm1x1_forward(handle, rng, case, kind, dtype):
+def test_mm1x1_forward(handle, rng, monkeypatch, case, kind, dtype):
+    # the GEMM plan itself: tuning.conv.TMA_1X1 moves short-reduction 1x1 plans to fwd_tma (its own GPU tests)
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
     check_forward(handle, rng, lambda mode: Problem(case, dtype, mode), dtype, FWD_GEMM, "1x1 forward GEMM (matmul)",
                   workspace=lambda pb: _ws(handle, pb, "fwd", FWD_GEMM),
                   before=lambda pb: _fwd_plan_is_matmul(handle, pb, kind))
@@ -67,7 +69,9 @@ def _backward_data(handle, pb, alpha, beta):
 @pytest.mark.parametrize("case,kind", [c for c in CASES if c[1] not in ("padded", "strided")],
                          ids=[f"{k}{i}" for i, (_, k) in enumerate(CASES) if k not in ("padded", "strided")])
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "half"])
-def test_mm1x1_backward_data(handle, rng, case, kind, dtype):
+def test_mm1x1_backward_data(handle, rng, monkeypatch, case, kind, dtype):
+    # the GEMM plan itself: tuning.conv.TMA_1X1 moves short-reduction 1x1 plans to fwd_tma (its own GPU tests)
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
     def make(mode):
         pb = Problem(case, dtype, mode)
         pl = CP.new_plan(handle, CPb.DIR_BWD_DATA, BWD_D0, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
