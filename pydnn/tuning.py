@@ -1072,7 +1072,8 @@ callpath = Switches(
                          "with torch tensors (the compiled launch alone 3.67)"),
     C_ENTRY_MAP=(True, "with C_ENTRY and C_ENTRY_SITES: activation_backward, add_tensor, scale_tensor, op_tensor, "
                        "transform_tensor, softmax_forward, pooling_forward, reduce_tensor, "
-                       "batch_normalization_forward_inference and norm_forward_inference become compiled entries too "
+                       "batch_normalization_forward_inference, norm_forward_inference and convolution_forward / "
+                       "backward_data / backward_filter (a one-launch plans.Plan) become compiled entries too "
                        "(pydnn/_build/fastcall.py's mk_try): a repeated call is answered from the call site's slot, which the Python function's cached path fills "
                        "(map_note), with activation_forward's checks of scalars and buffers and its launch; off: the "
                        "Python functions (read when the first compiled launch record is made). CPU stand-in "

@@ -500,7 +500,7 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
 #define MK_SETS 16
 #define MK_WAYS 4
 #define MK_SLOTS (MK_SETS * MK_WAYS)
-#define MK_KINDS 10
+#define MK_KINDS 13
 typedef struct {
     int nargs, ndesc, desc[5];    /* the handle is argument 0; desc: the other arguments the key names (held by
                                      identity: descriptors, and softmax's algo / mode ints) */
@@ -509,7 +509,8 @@ typedef struct {
     int out, out_need, nin, in[3], in_need[3];
     int transform;                /* transform_tensor: the key's copy flag must be what the call makes it */
     int core;                     /* 0: a map record (map_core); 1: a plan record (plan_core); 2: reduce's plan
-                                     record (plan_core after mk_reduce_extra) */
+                                     record (plan_core after mk_reduce_extra); 3 / 4: batch norm's / normalization's
+                                     records; 5: a convolution's one-launch plan (cv_core) */
 } map_kind_t;
 
 /* A planned launch of softmax / pooling (their _Plan: launches[0] when the pointers pass the plan's alignment,
@@ -584,6 +585,12 @@ static const map_kind_t mk_kinds[MK_KINDS] = {
     /* 9 norm_forward_inference(h, normD, alpha, beta, xD, x, yD, y, scaleBiasD, scale, bias): its buffers and
        launches in nm_core (an nm_rec_t) */
     {11, 4, {1, 4, 6, 8}, 2, -1, 3, 0.0, 0.0, 7, 0, 0, {0}, {0}, 0, 4},
+    /* 10-12 the convolutions (h, alpha, aD, a, bD, b, convD, algo, workSpace, workSpaceSizeInBytes, beta, outD, out),
+       the algorithm int held by identity as softmax's; the inputs in the plan's order (run_plan's a, b): forward
+       (x, w), backward data (dy, w), backward filter (dy, x); the record's spans in that order, then out's */
+    {13, 5, {2, 4, 6, 7, 11}, 1, -1, 10, 0.0, 0.0, 12, 2, 2, {3, 5}, {0, 1}, 0, 5},
+    {13, 5, {2, 4, 6, 7, 11}, 1, -1, 10, 0.0, 0.0, 12, 2, 2, {5, 3}, {0, 1}, 0, 5},
+    {13, 5, {2, 4, 6, 7, 11}, 1, -1, 10, 0.0, 0.0, 12, 2, 2, {5, 3}, {0, 1}, 0, 5},
 };
 
 typedef struct {
@@ -764,6 +771,64 @@ static int mk_reduce_extra(PyObject *const *args, PyObject *tt, const pk_rec_t *
     return r->ws_align ? *ws % r->ws_align == 0 : 1;
 }
 
+/* A convolution's plans.Plan (one implicit-GEMM launch, and the split-K fold's when it has one) as run_plan
+   patches and launches it: the ConvParams' x / w (the plan's a / b), z and bias 0 (a plain convolution), out (the
+   workspace under a fold), alpha / beta doubles and the flags word (FLAG_BETA when beta != 0, FLAG_PAIR when the
+   plan may and out is 4-byte aligned); the fold's ConvAuxParams out / in / alpha / beta / flags. Pointers that are
+   not multiples of the element size, or of the plan's vector alignment (a and b), decline: the Python function
+   names them. A plan whose fold is a ConvParams (a split fwd_wgmma) or that is a StepPlan has no record. */
+typedef struct {
+    uint64_t func, argv, params, ffunc, fargv, fparams;
+    uint32_t grid[3], block[3], smem, fgrid[3], fblock[3];
+    uint32_t isz, align, pair_ok, flag_beta, flag_pair;
+    uint32_t x_off, w_off, out_off, z_off, bias_off, alpha_off, beta_off, flags_off;
+    uint32_t f_out_off, f_in_off, f_alpha_off, f_beta_off, f_flags_off;
+    uint64_t ws_need, ws_align;
+} cv_rec_t;
+
+static void cv_put(unsigned char *p, uint32_t off, const void *v, size_t n) { memcpy(p + off, v, n); }
+
+static int cv_core(const cv_rec_t *r, uint64_t stream, uint64_t a, uint64_t b, uint64_t o, uint64_t ws, double al,
+                   double be) {
+    if (r->isz && (a % r->isz || b % r->isz || o % r->isz)) return -1;
+    if (r->align && (a % r->align || b % r->align)) return -1;
+    unsigned char *p = (unsigned char *)(uintptr_t)r->params;
+    uint64_t zero = 0, out = r->ffunc ? ws : o;
+    cv_put(p, r->x_off, &a, 8); cv_put(p, r->w_off, &b, 8);
+    cv_put(p, r->z_off, &zero, 8); cv_put(p, r->bias_off, &zero, 8);
+    cv_put(p, r->alpha_off, &al, 8); cv_put(p, r->beta_off, &be, 8);
+    uint32_t fl;
+    memcpy(&fl, p + r->flags_off, 4);
+    fl = (fl & ~(r->flag_beta | r->flag_pair)) | (be != 0.0 ? r->flag_beta : 0) |
+         (r->pair_ok && o % 4 == 0 ? r->flag_pair : 0);
+    cv_put(p, r->flags_off, &fl, 4);
+    cv_put(p, r->out_off, &out, 8);
+    int err = cu_launch((void *)(uintptr_t)r->func, r->grid[0], r->grid[1], r->grid[2], r->block[0], r->block[1],
+                        r->block[2], r->smem, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->argv, NULL);
+    if (err || !r->ffunc) return err;
+    unsigned char *f = (unsigned char *)(uintptr_t)r->fparams;
+    cv_put(f, r->f_out_off, &o, 8); cv_put(f, r->f_in_off, &ws, 8);
+    cv_put(f, r->f_alpha_off, &al, 8); cv_put(f, r->f_beta_off, &be, 8);
+    memcpy(&fl, f + r->f_flags_off, 4);
+    fl = (fl & ~r->flag_beta) | (be != 0.0 ? r->flag_beta : 0);
+    cv_put(f, r->f_flags_off, &fl, 4);
+    /* a failed fold: declined, and the Python function runs both launches again and reports the error */
+    return cu_launch((void *)(uintptr_t)r->ffunc, r->fgrid[0], r->fgrid[1], r->fgrid[2], r->fblock[0], r->fblock[1],
+                     r->fblock[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->fargv, NULL);
+}
+
+/* a convolution's workspace as its cached call checks it: the size a plain int >= the plan's bytes; none needed:
+   0 whatever the buffer; else a buffer of those bytes whose address is a multiple of the plan's acc_size */
+static int cv_ws(PyObject *const *args, PyObject *tt, const cv_rec_t *r, uint64_t *ws) {
+    if (!PyLong_CheckExact(args[9])) return 0;
+    long long n = PyLong_AsLongLong(args[9]);
+    if (n < 0 || (unsigned long long)n < r->ws_need) return 0; /* (an overflow: -1, cleared by the caller) */
+    *ws = 0;
+    if (!r->ws_need) return 1;
+    if (!act_buffer(args[8], tt, (long long)r->ws_need, ws)) return 0;
+    return r->ws_align ? *ws % r->ws_align == 0 : 1;
+}
+
 /* 1: answered (launched); 0: declined, no exception set */
 static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
     const map_kind_t *k = &mk_kinds[kind];
@@ -792,6 +857,10 @@ static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
     if (k->core == 1) {
         uint64_t ptrs[4] = {o, ins[0], ins[1], ins[2]};
         done = plan_core(s->crec, s->stream, ptrs, 1 + s->nin, al, be) == 0;
+    } else if (k->core == 5) {
+        const cv_rec_t *r = (const cv_rec_t *)(uintptr_t)s->crec;
+        uint64_t ws = 0;
+        if (s->nin == 2 && cv_ws(args, tt, r, &ws)) done = cv_core(r, s->stream, ins[0], ins[1], o, ws, al, be) == 0;
     } else if (k->core == 2) {
         uint64_t ptrs[4] = {o, ins[0], 0, 0}; /* out, in_, indices (none), workspace */
         if (mk_reduce_extra(args, tt, (const pk_rec_t *)(uintptr_t)s->crec, &ptrs[3]))
@@ -827,7 +896,7 @@ static void mk_fill(int kind, PyObject *const *args, Py_ssize_t nargs, uint64_t 
     }
     long long nd[4] = {0, 0, 0, 0};
     Py_ssize_t nn = 0;
-    if (k->core < 3) { /* (batch norm's and normalization's records hold their own spans) */
+    if (k->core < 3 || k->core == 5) { /* (batch norm's and normalization's records hold their own spans) */
         if (!(need = PyObject_GetAttr(rec, s_need)) || !PyTuple_CheckExact(need)) goto out;
         nn = PyTuple_GET_SIZE(need);
     }
@@ -836,7 +905,7 @@ static void mk_fill(int kind, PyObject *const *args, Py_ssize_t nargs, uint64_t 
         nd[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(need, i));
         if (PyErr_Occurred()) goto out;
     }
-    if (k->core < 3 && k->out_need >= nn) goto out;
+    if ((k->core < 3 || k->core == 5) && k->out_need >= nn) goto out;
     for (int j = 0; j < mk_noted_nin; j++)
         if (k->in_need[j] >= nn) goto out;
     if (!(st = PyObject_GetAttr(args[0], s_stream)) || !PyLong_CheckExact(st) || u64(st, &stream)) goto out;
@@ -1212,7 +1281,8 @@ def activation_public(fallback):
 # besides activation_forward, answered in C from call-site slots the Python function's cached path fills (map_note)
 MAP_KINDS = {"activation_backward": 0, "add_tensor": 1, "scale_tensor": 2, "op_tensor": 3, "transform_tensor": 4,
              "softmax_forward": 5, "pooling_forward": 6, "reduce_tensor": 7, "batch_normalization_forward_inference": 8,
-             "norm_forward_inference": 9}
+             "norm_forward_inference": 9, "convolution_forward": 10, "convolution_backward_data": 11,
+             "convolution_backward_filter": 12}
 
 
 class PkLaunch(ctypes.Structure):
@@ -1269,6 +1339,48 @@ def plan_record(pl, ptr_offsets, params_type, flags_keep, flag_beta, congruent=F
     pl.crec_obj = rec
     pl.crec = ctypes.addressof(rec) if rec is not None else 0
     return pl.crec
+
+
+_u32 = ctypes.c_uint32
+
+
+class CvRec(ctypes.Structure):
+    """cv_rec_t: a convolution's one-launch plan (and its fold) as run_plan patches them (cv_core)."""
+    _fields_ = ([(n, ctypes.c_uint64) for n in ("func", "argv", "params", "ffunc", "fargv", "fparams")]
+                + [("grid", _u32 * 3), ("block", _u32 * 3), ("smem", _u32), ("fgrid", _u32 * 3), ("fblock", _u32 * 3)]
+                + [(n, _u32) for n in ("isz", "align", "pair_ok", "flag_beta", "flag_pair", "x_off", "w_off",
+                                       "out_off", "z_off", "bias_off", "alpha_off", "beta_off", "flags_off",
+                                       "f_out_off", "f_in_off", "f_alpha_off", "f_beta_off", "f_flags_off")]
+                + [("ws_need", ctypes.c_uint64), ("ws_align", ctypes.c_uint64)])
+
+
+def conv_record(pl, fold_type, flag_beta, flag_pair, threads_fold=256):
+    """A CvRec for a convolution plan (plans.Plan) whose kernels are loaded: its gemm launch, and its fold's when
+    the fold is a fold_type struct (run_plan's split-K fold; any other fold, or a kernel that is not a driver
+    function - a CPU handle's placeholder -: None). Kept by the caller with the plan."""
+    try:
+        func = int(pl.gemm_func)
+        ffunc = int(pl.fold_func) if pl.fold is not None else 0
+    except (TypeError, ValueError):
+        return None
+    if pl.fold is not None and type(pl.fold) is not fold_type:
+        return None
+    p, r = pl.gemm, CvRec()
+    r.func, r.argv, r.params = func, pl.gemm_argv[1], ctypes.addressof(p)
+    r.grid[:], r.block[:], r.smem = list(pl.gemm_grid), [pl.threads, 1, 1], pl.smem
+    pt = type(p)
+    r.x_off, r.w_off, r.out_off, r.z_off, r.bias_off = (getattr(pt, n).offset for n in ("x", "w", "out", "z", "bias"))
+    r.alpha_off, r.beta_off, r.flags_off = pt.alpha.offset, pt.beta.offset, pt.flags.offset
+    if pl.fold is not None:
+        f = pl.fold
+        r.ffunc, r.fargv, r.fparams = ffunc, pl.fold_argv[1], ctypes.addressof(f)
+        r.fgrid[:], r.fblock[:] = list(pl.fold_grid), [threads_fold, 1, 1]
+        r.f_out_off, r.f_in_off, r.f_alpha_off, r.f_beta_off, r.f_flags_off = (
+            getattr(fold_type, n).offset for n in ("out", "in_", "alpha", "beta", "flags"))
+    r.isz, r.align, r.pair_ok = pl.itemsize, pl.align or 0, int(bool(pl.pair_ok))
+    r.flag_beta, r.flag_pair = flag_beta, flag_pair
+    r.ws_need, r.ws_align = pl.workspace, pl.acc_size if pl.workspace else 0
+    return r
 
 
 class BnLaunch(ctypes.Structure):

@@ -258,7 +258,8 @@ _fast_launch = None  # fastcall's pydnn_map_launch, set by _crec before any reco
 note = None
 _entries_tried = False
 # fastcall.MAP_KINDS' numbers, spelled here for the callers' note
-K_ACT_BWD, K_ADD, K_SCALE, K_OP, K_TRANSFORM, K_SOFTMAX, K_POOL, K_REDUCE, K_BN_INFER, K_NORM_INFER = range(10)
+(K_ACT_BWD, K_ADD, K_SCALE, K_OP, K_TRANSFORM, K_SOFTMAX, K_POOL, K_REDUCE, K_BN_INFER, K_NORM_INFER, K_CONV_FWD,
+ K_CONV_BWD_DATA, K_CONV_BWD_FILTER) = range(13)
 
 
 def plan_entries(func):
@@ -290,8 +291,8 @@ def register_entries(module, *names):
 def _setup_entries():
     """Once, when the first compiled launch record is made: activation_forward's entry (its act_setup gives the
     kinds their module objects), then activation_backward, add_tensor, scale_tensor, op_tensor, transform_tensor,
-    softmax_forward, pooling_forward, reduce_tensor, batch_normalization_forward_inference and
-    norm_forward_inference as compiled entries over their Python functions (pydnn/_build/fastcall.py's mk_try: a cached
+    softmax_forward, pooling_forward, reduce_tensor, batch_normalization_forward_inference, norm_forward_inference
+    and the three convolutions (forward, backward data, backward filter) as compiled entries over their Python functions (pydnn/_build/fastcall.py's mk_try: a cached
     call from its call-site slot, no Python frame; the Python function for anything else). Where a public name no
     longer holds the def (a caller replaced it) it is left alone; a reference taken earlier keeps the def, which
     answers the same."""

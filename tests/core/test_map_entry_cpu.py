@@ -378,7 +378,8 @@ def test_map_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch):
     # this call's note and its entry's fill, across the api wrapper's return) is not provoked reliably here
     assert race["launches"] == 1200 and not race["others"], race
     assert len(race["grids a"]) == 1 and len(race["grids b"]) == 1 and race["grids a"] != race["grids b"], race
-    assert info["moved"] and all(n >= 1 for n in info["slots"]), info
+    # (the kinds this test calls: the first ten; the convolutions' in tests/core/test_conv_entry_cpu.py)
+    assert info["moved"] and all(n >= 1 for n in info["slots"][:10]), info
     kinds = {label.split(": ")[0] for label in out}
     assert len(kinds) == 10, kinds
     for label, (hit, public, python) in out.items():

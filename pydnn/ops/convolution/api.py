@@ -14,17 +14,21 @@ chooses kernels. The algorithms and where they live:
                      implicit.py), ALGO_3 (gemm.py), WINOGRAD_NONFUSED, FFT
 The rest answer NOT_SUPPORTED with the reason.
 """
+import ctypes
 import functools
+import sys
 
 from ... import buffers as _buffers
 from ... import enums as E
 from ... import tuning
 from ..._build.params import FLAG_BETA, FLAG_NAN_PROP
+from ..._build import fastcall as _fastcall
 from ..._cuda import driver
 from ...buffers import device_ptr
 from ...handle import Handle, check_handle
 from ...status import PydnnError, api
 from ...tensor import DTYPES, check_tensor
+from .. import _elementwise as _ew
 from ..activation import ActivationDescriptor
 from ..common import TAG, element_aligned, float_tensor, scalar
 from . import algorithms as _algos
@@ -33,8 +37,8 @@ from . import conv_tma, dgrad_phases, fft, gemm, grouped, grouped_direct, implic
 from .algorithms import *  # noqa: F401,F403 - algorithm queries and Find...Ex
 from .find import *  # noqa: F401,F403 - Find without Ex (buffers of its own)
 from . import bias as _bias
-from .plans import check_workspace, get_plan, new_plan, run_plan
-from .problem import (ACT, BAD, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_BIAS, FLAG_Z, NS,
+from .plans import Plan, check_workspace, get_plan, new_plan, run_plan
+from .problem import (ACT, BAD, DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_BIAS, FLAG_PAIR, FLAG_Z, NS,
                       ConvAuxParams, create_convolution_descriptor, destroy_convolution_descriptor,
                       filter_bytes, get_convolution2d_descriptor, get_convolution2d_forward_output_dim,
                       get_convolution_group_count, get_convolution_math_type, get_convolution_nd_descriptor,
@@ -90,6 +94,68 @@ def _remember(handle, key, pl, spans):
         handle.remember(key, (pl, pl.itemsize) + spans)
 
 
+# The compiled entries (tuning.callpath.C_ENTRY_MAP; pydnn/_build/fastcall.py's kinds 10-12, cv_core): a cached call
+# that ran a one-launch Plan notes it, and the entry that called it keeps the record in that call site's slot, so the
+# site's next call is checked and launched in C. Measured on tools/bench_host_cpu.py's stand-in (session 34): the
+# 1x1 implicit-GEMM forward 2.16 us a call with int pointers (7 Python calls) before.
+class _ConvNote:
+    """A call record's C twin: crec (the address of crec_obj, fastcall.CvRec), need (the spans in the plan's order:
+    its a, b and out)."""
+    __slots__ = ("crec", "crec_obj", "need")
+
+
+def _note(kind, pl, need):
+    """Note pl for the compiled entry that called (its call site's slot); a plan without a C record (a StepPlan, a
+    split fwd_wgmma's fold, a CPU handle's placeholder kernels) is not noted: the Python function keeps answering."""
+    if type(pl) is not Plan or pl.gemm_func is None:
+        return
+    if not _ew._entries_tried:  # the compiled entries, where no element-wise record set them up yet
+        _ew.plan_entries(pl.gemm_func)
+    if _ew.note is None:
+        return
+    try:
+        notes = pl.cnotes
+    except AttributeError:
+        notes = pl.cnotes = {}
+    n = notes.get(need, False)
+    if n is False:
+        rec = _fastcall.conv_record(pl, ConvAuxParams, FLAG_BETA, FLAG_PAIR)
+        n = None
+        if rec is not None:
+            n = _ConvNote()
+            n.crec_obj, n.crec, n.need = rec, ctypes.addressof(rec), need
+        notes[need] = n
+    if n is not None:
+        _ew.note(kind, n, 2, False, False)
+
+
+def _note_full(kind, tag, args):
+    """After the full function answered a 13-argument call: note its call record, when it left one."""
+    if _ew.note is None and _ew._entries_tried:
+        return
+    try:
+        h, a_desc, b_desc, conv, algo, out_desc = args[0], args[2], args[4], args[6], args[7], args[11]
+        if kind == _ew.K_CONV_FWD:  # (x, w, y)
+            x_desc, w_desc, y_desc = a_desc, b_desc, out_desc
+        elif kind == _ew.K_CONV_BWD_DATA:  # (w, dy, dx)
+            x_desc, w_desc, y_desc = out_desc, a_desc, b_desc
+        else:  # (x, dy, dw)
+            x_desc, w_desc, y_desc = a_desc, out_desc, b_desc
+        rec = h.prepared.get(_call_key(tag, algo, conv, x_desc, w_desc, y_desc))
+    except Exception:  # noqa: BLE001 - an optimisation: nothing noted
+        return
+    if rec is not None:
+        _note(kind, rec[0], _need(kind, rec))
+
+
+def _need(kind, rec):
+    """A call record's spans in its plan's order (a, b, out): forward (x, w, y), backward data (dy, w, dx), backward
+    filter (dy, x, dw)."""
+    if kind == _ew.K_CONV_FWD:
+        return rec[2], rec[3], rec[4]
+    return rec[3], rec[2], rec[4]
+
+
 @api
 def convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, work_space, work_space_size_in_bytes,
                          beta, y_desc, y):
@@ -141,9 +207,14 @@ def convolution_forward(*args, **kwargs):  # noqa: F811 - the public entry in fr
                               else None)
                         if ws is not None:
                             run_plan(handle, pl, xp, wp, yp, ws, alpha, beta)
+                            if _ew.note is not None:  # the compiled entry keeps this call site (_note)
+                                _note(_ew.K_CONV_FWD, pl, _need(_ew.K_CONV_FWD, rec))
                             return None
         except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
             pass
+        r = _convolution_forward(*args)
+        _note_full(_ew.K_CONV_FWD, _K_FWD, args)
+        return r
     return _convolution_forward(*args, **kwargs)
 
 
@@ -195,9 +266,14 @@ def convolution_backward_data(*args, **kwargs):  # noqa: F811 - the public entry
                               else None)
                         if ws is not None:
                             run_plan(handle, pl, dyp, wp, dxp, ws, alpha, beta)
+                            if _ew.note is not None:  # the compiled entry keeps this call site (_note)
+                                _note(_ew.K_CONV_BWD_DATA, pl, _need(_ew.K_CONV_BWD_DATA, rec))
                             return None
         except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
             pass
+        r = _convolution_backward_data(*args)
+        _note_full(_ew.K_CONV_BWD_DATA, _K_BWD_DATA, args)
+        return r
     return _convolution_backward_data(*args, **kwargs)
 
 
@@ -249,10 +325,22 @@ def convolution_backward_filter(*args, **kwargs):  # noqa: F811 - the public ent
                               else None)
                         if ws is not None:
                             run_plan(handle, pl, dyp, xp, dwp, ws, alpha, beta)
+                            if _ew.note is not None:  # the compiled entry keeps this call site (_note)
+                                _note(_ew.K_CONV_BWD_FILTER, pl, _need(_ew.K_CONV_BWD_FILTER, rec))
                             return None
         except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
             pass
+        r = _convolution_backward_filter(*args)
+        _note_full(_ew.K_CONV_BWD_FILTER, _K_BWD_FILTER, args)
+        return r
     return _convolution_backward_filter(*args, **kwargs)
+
+
+_py_convolution_forward = convolution_forward  # the Python functions behind the compiled entries (ew._setup_entries)
+_py_convolution_backward_data = convolution_backward_data
+_py_convolution_backward_filter = convolution_backward_filter
+_ew.register_entries(sys.modules[__name__], "convolution_forward", "convolution_backward_data",
+                     "convolution_backward_filter")
 
 
 def _bias_desc(bias_desc, k, name):

@@ -82,7 +82,7 @@ class Plan:
 
     __slots__ = ("direction", "algo", "unit", "gemm", "gemm_grid", "gemm_argv", "gemm_expr", "gemm_func", "fold",
                  "fold_grid", "fold_argv", "fold_expr", "fold_func", "workspace", "itemsize", "acc_size",
-                 "deterministic", "splits", "problem", "align", "smem", "pair_ok", "threads")
+                 "deterministic", "splits", "problem", "align", "smem", "pair_ok", "threads", "cnotes")
 
 
 def base_params(pb, direction):
