@@ -35,6 +35,7 @@
 // kernel writes the epilogue alpha * acc + beta * C + bias[j] straight from registers; beta == 0 never
 // reads C.
 #include "common/mma.cuh"
+#include "common/quad.cuh"
 #include "common/tma.cuh"
 #include "common/types.cuh"
 #include "common/wgmma.cuh"
@@ -673,33 +674,11 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, MINB) gemm_tc(MatmulPar
 
 // ------------------------------------------------------------------------------------------ wgmma (sm_90a)
 
-// x[i] <- x[(i + k) & 3] (k lane dependent: two select stages, no indexed registers).
-__device__ __forceinline__ void rot4(unsigned (&x)[4], int k) {
-  unsigned a[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) a[i] = (k & 1) ? x[(i + 1) & 3] : x[i];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) x[i] = (k & 2) ? a[(i + 2) & 3] : a[i];
-}
-
 // WIDE (gemm_tma's interior tiles whose C rows start 16-byte aligned, PYDNN_MATMUL_FLAG_C16; 16-bit types):
 // store 16 bytes a lane. The 4 lanes of a quad hold a row's 8-column groups j as pairs (lane u: columns
-// 8j + 2u, +1); for 4 groups at a time they transpose the packed pairs (quad_transpose: 4 shuffles, the
-// lane-dependent indices as rotations) so that lane t holds group 4jj + t whole. A warp's store then fills
-// whole 32-byte sectors (8 rows x 64 bytes) instead of half sectors (8 rows x 16 bytes, 4 stores).
-// x[s] (this lane t's word for group s of 4) -> x[u] = lane u's word for group t (a 4 x 4 transpose over
-// the quad; its own inverse, so a 16-byte load of group 4jj + t turns into the pairs of the fragment too).
-__device__ __forceinline__ void quad_transpose(unsigned (&x)[4]) {
-  const int lane = threadIdx.x & 31, t = lane & 3, qbase = lane & ~3;
-  unsigned zr[4] = {x[0], x[3], x[2], x[1]};  // sent as z[d] = x[(t - d) & 3] in round d
-  rot4(zr, (4 - t) & 3);
-  unsigned y[4];  // round d: from lane (t + d) & 3 its word for group t
-#pragma unroll
-  for (int d = 0; d < 4; ++d) y[d] = __shfl_sync(0xffffffffu, zr[d], qbase | ((t + d) & 3));
-  rot4(y, (4 - t) & 3);
-#pragma unroll
-  for (int u = 0; u < 4; ++u) x[u] = y[u];
-}
+// 8j + 2u, +1); for 4 groups at a time they transpose the packed pairs (quad::transpose, common/quad.cuh: 4
+// shuffles, the lane-dependent indices as rotations) so that lane t holds group 4jj + t whole. A warp's store then
+// fills whole 32-byte sectors (8 rows x 64 bytes) instead of half sectors (8 rows x 16 bytes, 4 stores).
 
 // The WIDE store of row half h of a warp's 16 x BN block (crow: that row's column n0), values scale * acc.
 template <class T, int BN>
@@ -713,7 +692,7 @@ __device__ __forceinline__ void wide_store_row(T* crow, const float (&acc)[BN / 
       const int j = 4 * jj + s;
       x[s] = pack16x2<T>(scale * acc[4 * j + 2 * h], scale * acc[4 * j + 2 * h + 1]);
     }
-    quad_transpose(x);  // x[u] = lane u's pair: columns 8 (4jj + t) + 2u, +1
+    quad::transpose(x);  // x[u] = lane u's pair: columns 8 (4jj + t) + 2u, +1
     *reinterpret_cast<uint4*>(crow + 8 * (4 * jj + t)) = make_uint4(x[0], x[1], x[2], x[3]);
   }
 }
@@ -724,7 +703,7 @@ __device__ __forceinline__ void wide_store_row(T* crow, const float (&acc)[BN / 
 // conflict for stmatrix's 8-row matrices nor for the 8 lanes of a read-back row). Per 64-column chunk: 4
 // stmatrix.x4 (the fragment's packed pairs as they are: matrix i = rows 8 (i & 1) .., column group j + (i >> 1)),
 // then 4 rounds of a 16-byte shared load and a 16-byte global store a lane (8 lanes a 128-byte row, 4 rows a
-// round). wide_store_row's quad transposes take 16 SEL + 4 SHFL a 4-group round (256 SEL and 64 SHFL a thread
+// round). wide_store_row's quad::transposes take 16 SEL + 4 SHFL a 4-group round (256 SEL and 64 SHFL a thread
 // a tile, ~17% of the fused GELU epilogue's instructions); this takes 4 STSM, 4 LDS, 2 WARPSYNC a chunk.
 // stsm_store_chunk: one 64-column chunk ch of it (Epi::kChunk: the epilogue computes and stores chunk by chunk).
 template <class T, int BN>
