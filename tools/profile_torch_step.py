@@ -382,18 +382,36 @@ def _bucket(fn, name):
     return "other Python"
 
 
+def entry_hits():
+    """{public function: calls its compiled entry answered so far} (pydnn/_build/fastcall.py: activation_forward's
+    act_stats and the map kinds' map_stats; calls that never enter Python, so cProfile does not see them); {} where
+    the compiled entries are not built."""
+    from pydnn._build import fastcall
+
+    lib = fastcall._state.get("lib")
+    if lib is None or not hasattr(lib, "map_stats"):
+        return {}
+    hits = lib.map_stats()[0]
+    out = {name: hits[k] for name, k in fastcall.MAP_KINDS.items() if k < len(hits)}
+    out["activation_forward"] = lib.act_stats()[0]
+    return out
+
+
 def cprofile_steps(step, n, top, details=None):
     """n steps under cProfile: the top Python functions by own time (tottime) per step. With a dict as
     `details`, also fills details["buckets"] (own time per owner, _bucket) and details["api"] (every public
     pydnn function the step called: its cumulative time and calls per step, from the entries that the
-    pydnn.status api wrapper calls)."""
+    pydnn.status api wrapper calls) and details["entries"] (calls per step that compiled entries answered: no Python
+    frame, so not in the other two)."""
     _sync()
+    h0 = entry_hits()
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(n):
         step()
     _sync()
     pr.disable()
+    h1 = entry_hits()
     st = pstats.Stats(pr, stream=io.StringIO())
     rows = []
     buckets, api = {}, []
@@ -412,6 +430,7 @@ def cprofile_steps(step, n, top, details=None):
     if details is not None:
         details["buckets"] = {k: round(v, 1) for k, v in sorted(buckets.items(), key=lambda kv: -kv[1])}
         details["api"] = sorted(api, key=lambda r: -r["cum_us_per_step"])
+        details["entries"] = {k: round((h1[k] - h0.get(k, 0)) / n, 2) for k in sorted(h1) if h1[k] > h0.get(k, 0)}
     return [{"function": f, "own_us_per_step": round(t, 1), "cum_us_per_step": round(c, 1),
              "calls_per_step": round(k, 2)} for t, c, k, f in rows[:top]]
 
@@ -891,6 +910,13 @@ def report(results, layers, md):
                 for row in d["api"]:
                     p(f"| `{row['function']}` | {row['cum_us_per_step']:.1f} | {row['calls_per_step']:g} | "
                       f"{row['us_per_call']:.1f} | `{row['where'][:60]}` |")
+            if d.get("entries"):
+                p(f"\n## {demo} / {b}: pydnn calls per step answered by compiled entries (no Python frame: not in "
+                  "cProfile's tables)\n")
+                p("| function | calls/step |")
+                p("|---|---|")
+                for name, k in sorted(d["entries"].items(), key=lambda kv: -kv[1]):
+                    p(f"| `{name}` | {k:g} |")
     for (demo, backend), r in results.items():
         if r["torch_profiler"].get("top_gpu_kernels"):
             p(f"\n## {demo} / {backend}: top GPU kernels (device time per step)\n")

@@ -79,6 +79,34 @@ def test_cprofile_details_name_the_owners_and_the_pydnn_api(tmp_path):
     assert "`set_tensor_nd_descriptor` |" in text and "| pydnn.torch (the bridge) |" not in text
 
 
+def test_compiled_entry_calls_are_counted_and_reported(tmp_path, monkeypatch):
+    """Calls a compiled entry answered never enter Python: cprofile_steps counts them per step from the entries'
+    hit counters (entry_hits: fastcall's act_stats / map_stats) and the report lists them in their own table."""
+    P = _tool()
+    from pydnn._build import fastcall
+
+    real = P.entry_hits()
+    assert real == {} or set(real) == set(fastcall.MAP_KINDS) | {"activation_forward"}, real
+    counter = {"activation_forward": 0, "convolution_forward": 0, "add_tensor": 0}
+
+    def step():  # stands for a step whose calls the entries answered: 2 activations and a convolution a step
+        counter["activation_forward"] += 2
+        counter["convolution_forward"] += 1
+
+    monkeypatch.setattr(P, "entry_hits", lambda: dict(counter))
+    det = {}
+    P.cprofile_steps(step, 4, 3, det)
+    assert det["entries"] == {"activation_forward": 2.0, "convolution_forward": 1.0}, det["entries"]
+    r = P.profile_steps(step, 2, 3)
+    timed = {"steps": 3, "median_ms": 2.0, "mean_ms": 2.5, "host_ms_per_step": 1.5}
+    res = {("cnn", "pydnn"): {"torch_profiler": r, "cprofile": [], "cprofile_details": det, "timed": timed}}
+    md = tmp_path / "p.md"
+    P.report(res, {}, str(md))
+    text = md.read_text()
+    assert "answered by compiled entries" in text and "| `activation_forward` | 2 |" in text, text
+    assert "| `convolution_forward` | 1 |" in text and "add_tensor" not in text
+
+
 def test_kernel_families_and_their_table(tmp_path):
     P = _tool()
     fam = P.kernel_family
