@@ -104,6 +104,15 @@ def fake_libcuda_dir():
     return d
 
 
+def stand_in_env(root):
+    """The environment of a child process that runs over the stand-in libcuda.so.1 (first on LD_LIBRARY_PATH; the
+    loader reads it at the start) and imports pydnn from `root`."""
+    d = fake_libcuda_dir()
+    join = lambda *xs: os.pathsep.join(str(x) for x in xs if x)  # noqa: E731
+    return dict(os.environ, LD_LIBRARY_PATH=join(d, os.environ.get("LD_LIBRARY_PATH")),
+                PYTHONPATH=join(root, os.environ.get("PYTHONPATH")))
+
+
 class LaunchLog:
     """What the stand-in libcuda.so.1 was given (in a process that loaded it: LD_LIBRARY_PATH set before the start):
     drain() -> [[[func, stream, smem, grid + block], ...] of the launches since the last drain, the whole parameter

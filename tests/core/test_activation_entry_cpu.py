@@ -8,7 +8,6 @@ flag); it declines everything else (int scalars, a dead handle, a changed descri
 small or host buffers, PYDNN_CHECKED, a replaced launch_args, keywords, a wrong argument count) and the
 Python function then launches or raises as before: the same errors."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -177,9 +176,7 @@ def test_entry_answers_what_the_cached_path_answers(tmp_path, monkeypatch):
         a = P.create_activation_descriptor()
         P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
         P.activation_forward(h, a, 1.0, d, 1 << 32, 0.0, d, 1 << 33)
-    d = bench_host_cpu.fake_libcuda_dir()
-    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(x for x in (d, os.environ.get("LD_LIBRARY_PATH")) if x),
-               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    env = bench_host_cpu.stand_in_env(ROOT)
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools")], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -14,7 +14,6 @@ None / host / too small buffers, pointers off the element size or the plan's vec
 workspace or a size that is not a plain int, a Set filter, a dead handle, PYDNN_CHECKED), which the Python function
 answers or refuses as before."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -36,10 +35,38 @@ CASES = [
     ("bf16 nhwc 1x1 fwd", "fwd", 1, (1, 1024, 16, 4, 1, "BFLOAT16", "NHWC", 0)),
 ]
 
+
+
+def case_descs(P, n, c, k, hw, r, dt, fmt, pad):
+    """A case's descriptors (x, w, y, conv) and the filter's Set arguments after the descriptor."""
+    dt, fmt = getattr(P, "PYDNN_DATA_" + dt), getattr(P, "PYDNN_TENSOR_" + fmt)
+    o = hw - r + 1 + 2 * pad
+    xd, yd = P.create_tensor_descriptor(), P.create_tensor_descriptor()
+    P.set_tensor_nd_descriptor_ex(xd, fmt, dt, 4, [n, c, hw, hw])
+    P.set_tensor_nd_descriptor_ex(yd, fmt, dt, 4, [n, k, o, o])
+    wd = P.create_filter_descriptor()
+    P.set_filter4d_descriptor(wd, dt, fmt, k, c, r, r)
+    cd = P.create_convolution_descriptor()
+    P.set_convolution2d_descriptor(cd, pad, pad, 1, 1, 1, 1, P.PYDNN_CROSS_CORRELATION, P.PYDNN_DATA_FLOAT)
+    if dt != P.PYDNN_DATA_FLOAT:
+        P.set_convolution_math_type(cd, P.PYDNN_TENSOR_OP_MATH)
+    return xd, wd, yd, cd, (dt, fmt, k, c, r, r)
+
+
+def workspace_size(P, h, dname, algo, xd, wd, yd, cd):
+    if dname == "fwd":
+        return P.get_convolution_forward_workspace_size(h, xd, wd, cd, yd, algo)
+    if dname == "bwd_data":
+        return P.get_convolution_backward_data_workspace_size(h, wd, yd, cd, xd, algo)
+    return P.get_convolution_backward_filter_workspace_size(h, xd, yd, cd, wd, algo)
+
+
 SCRIPT = r'''
 import ctypes, json, sys
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[3])
 CASES = json.loads(sys.argv[2])
+from test_conv_entry_cpu import case_descs, workspace_size
 import bench_host as B, bench_host_cpu as C
 import pydnn as P
 from pydnn import buffers, tuning
@@ -73,21 +100,6 @@ assert all(type(getattr(P, n)).__name__ == "Entry" for n in NAME.values()), "the
 out, info = {}, {}
 
 
-def descs(n, c, k, hw, r, dt, fmt, pad):
-    dt, fmt = getattr(P, "PYDNN_DATA_" + dt), getattr(P, "PYDNN_TENSOR_" + fmt)
-    o = hw - r + 1 + 2 * pad
-    xd, yd = P.create_tensor_descriptor(), P.create_tensor_descriptor()
-    P.set_tensor_nd_descriptor_ex(xd, fmt, dt, 4, [n, c, hw, hw])
-    P.set_tensor_nd_descriptor_ex(yd, fmt, dt, 4, [n, k, o, o])
-    wd = P.create_filter_descriptor()
-    P.set_filter4d_descriptor(wd, dt, fmt, k, c, r, r)
-    cd = P.create_convolution_descriptor()
-    P.set_convolution2d_descriptor(cd, pad, pad, 1, 1, 1, 1, P.PYDNN_CROSS_CORRELATION, P.PYDNN_DATA_FLOAT)
-    if dt != P.PYDNN_DATA_FLOAT:
-        P.set_convolution_math_type(cd, P.PYDNN_TENSOR_OP_MATH)
-    return xd, wd, yd, cd, (dt, fmt, k, c, r, r)
-
-
 def both(label, name, args, pl, **kw):
     """(answered from a slot: 0 / 1, [launches, last params] or the error through the public name, the same through
     the Python function, the plan's structs after each)"""
@@ -112,16 +124,11 @@ def both(label, name, args, pl, **kw):
 
 
 for label, dname, algo, shape in CASES:
-    xd, wd, yd, cd, wfields = descs(*shape)
+    xd, wd, yd, cd, wfields = case_descs(P, *shape)
     name, dr = NAME[dname], DIRS[dname]
     pl = get_plan(h, dr, algo, cd, xd, wd, yd)
     assert type(pl) is Plan, (label, type(pl).__name__)
-    if dname == "fwd":
-        ws_size = P.get_convolution_forward_workspace_size(h, xd, wd, cd, yd, algo)
-    elif dname == "bwd_data":
-        ws_size = P.get_convolution_backward_data_workspace_size(h, wd, yd, cd, xd, algo)
-    else:
-        ws_size = P.get_convolution_backward_filter_workspace_size(h, xd, yd, cd, wd, algo)
+    ws_size = workspace_size(P, h, dname, algo, xd, wd, yd, cd)
     it = pl.itemsize
     sx, sy = xd.span_bytes(), yd.span_bytes()
     sw = shape[2] * shape[1] * shape[4] * shape[4] * it
@@ -216,34 +223,16 @@ def test_conv_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch)
         a = P.create_activation_descriptor()
         P.set_activation_descriptor(a, P.PYDNN_ACTIVATION_RELU, P.PYDNN_NOT_PROPAGATE_NAN, 0.0)
         P.activation_forward(h, a, 1.0, d, 1 << 32, 0.0, d, 2 << 32)
-        for _, dname, algo, (n, c, k, hw, r, dt, fmt, pad) in CASES:
-            dt, fmt = getattr(P, "PYDNN_DATA_" + dt), getattr(P, "PYDNN_TENSOR_" + fmt)
-            o = hw - r + 1 + 2 * pad
-            xd, yd = P.create_tensor_descriptor(), P.create_tensor_descriptor()
-            P.set_tensor_nd_descriptor_ex(xd, fmt, dt, 4, [n, c, hw, hw])
-            P.set_tensor_nd_descriptor_ex(yd, fmt, dt, 4, [n, k, o, o])
-            wd = P.create_filter_descriptor()
-            P.set_filter4d_descriptor(wd, dt, fmt, k, c, r, r)
-            cd = P.create_convolution_descriptor()
-            P.set_convolution2d_descriptor(cd, pad, pad, 1, 1, 1, 1, P.PYDNN_CROSS_CORRELATION, P.PYDNN_DATA_FLOAT)
-            if dt != P.PYDNN_DATA_FLOAT:
-                P.set_convolution_math_type(cd, P.PYDNN_TENSOR_OP_MATH)
+        for _, dname, algo, shape in CASES:
+            xd, wd, yd, cd, _ = case_descs(P, *shape)
             ws, p = 1 << 40, [(i + 1) << 32 for i in range(3)]
-            if dname == "fwd":
-                wsz = P.get_convolution_forward_workspace_size(h, xd, wd, cd, yd, algo)
-                P.convolution_forward(h, 1.0, xd, p[0], wd, p[1], cd, algo, ws, wsz, 0.0, yd, p[2])
-            elif dname == "bwd_data":
-                wsz = P.get_convolution_backward_data_workspace_size(h, wd, yd, cd, xd, algo)
-                P.convolution_backward_data(h, 1.0, wd, p[0], yd, p[1], cd, algo, ws, wsz, 0.0, xd, p[2])
-            else:
-                wsz = P.get_convolution_backward_filter_workspace_size(h, xd, yd, cd, wd, algo)
-                P.convolution_backward_filter(h, 1.0, xd, p[0], yd, p[1], cd, algo, ws, wsz, 0.0, wd, p[2])
-    lib_dir = bench_host_cpu.fake_libcuda_dir()
-    env = dict(os.environ,
-               LD_LIBRARY_PATH=os.pathsep.join(x for x in (lib_dir, os.environ.get("LD_LIBRARY_PATH")) if x),
-               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools"), json.dumps(CASES)], capture_output=True,
-                       text=True, env=env, timeout=600)
+            wsz = workspace_size(P, h, dname, algo, xd, wd, yd, cd)
+            a, b, out = {"fwd": (xd, wd, yd), "bwd_data": (wd, yd, xd), "bwd_filter": (xd, yd, wd)}[dname]
+            getattr(P, {"fwd": "convolution_forward", "bwd_data": "convolution_backward_data",
+                        "bwd_filter": "convolution_backward_filter"}[dname])(
+                h, 1.0, a, p[0], b, p[1], cd, algo, ws, wsz, 0.0, out, p[2])
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools"), json.dumps(CASES), str(Path(__file__).parent)],
+                       capture_output=True, text=True, env=bench_host_cpu.stand_in_env(ROOT), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     info, out = json.loads(lines[-2]), json.loads(lines[-1])

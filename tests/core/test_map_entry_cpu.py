@@ -12,7 +12,6 @@ a wrong argument count, NULL / negative / None / too small / host buffers, a Set
 descriptor object, a dead handle, PYDNN_CHECKED, a replaced launch_args, transform's alpha / beta moving between
 a copy and a scaled copy), which the Python function then answers or refuses as before."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -364,10 +363,7 @@ def test_map_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch):
         for al in (1.0, 2.0):
             P.transform_tensor(h, al, d, p[0], 0.0, d, p[1])
             P.transform_tensor(h, al, d, p[0], 0.0, dh, p[1])
-    lib_dir = bench_host_cpu.fake_libcuda_dir()
-    env = dict(os.environ,
-               LD_LIBRARY_PATH=os.pathsep.join(x for x in (lib_dir, os.environ.get("LD_LIBRARY_PATH")) if x),
-               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    env = bench_host_cpu.stand_in_env(ROOT)
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools")], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -452,10 +448,7 @@ def test_switch_off_keeps_the_python_functions():
     pytest.importorskip("cuda.bindings")
     import bench_host_cpu
 
-    lib_dir = bench_host_cpu.fake_libcuda_dir()
-    env = dict(os.environ, PYDNN_TUNING="callpath.C_ENTRY_MAP=False",
-               LD_LIBRARY_PATH=os.pathsep.join(x for x in (lib_dir, os.environ.get("LD_LIBRARY_PATH")) if x),
-               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    env = dict(bench_host_cpu.stand_in_env(ROOT), PYDNN_TUNING="callpath.C_ENTRY_MAP=False")
     r = subprocess.run([sys.executable, "-c", OFF_SCRIPT, str(ROOT / "tools")], capture_output=True, text=True,
                        env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

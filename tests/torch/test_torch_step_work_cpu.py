@@ -9,7 +9,6 @@ Pinned: tuning.torch.BLOCK_NHWC (4 layout transforms a step, not 6), BLOCK_LEAN 
 of the convolutions and matmuls (no validation frames) and batch norm's own records (its training calls through
 _fwd_fast / _bwd_fast), the step's Python calls and its torch operations."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -110,9 +109,7 @@ def counts():
     sys.path.insert(0, str(ROOT / "tools"))
     import bench_host_cpu
 
-    d = bench_host_cpu.fake_libcuda_dir()
-    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(x for x in (d, os.environ.get("LD_LIBRARY_PATH")) if x),
-               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    env = bench_host_cpu.stand_in_env(ROOT)
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT)], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])

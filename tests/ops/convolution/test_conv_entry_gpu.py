@@ -17,7 +17,7 @@ from pydnn.reference import convolution as ref
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core"))
 from devtensor import assert_close  # noqa: E402
-from test_conv_entry_cpu import CASES  # noqa: E402
+from test_conv_entry_cpu import CASES, case_descs, workspace_size  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -73,21 +73,8 @@ def test_conv_entry_results(th, case):
     pdt = getattr(P, "PYDNN_DATA_" + dt)
     tdt = torch.float32 if dt == "FLOAT" else torch.bfloat16
     o = hw - r + 1 + 2 * pad
-    xd, yd = P.create_tensor_descriptor(), P.create_tensor_descriptor()
-    P.set_tensor_nd_descriptor_ex(xd, getattr(P, "PYDNN_TENSOR_" + fmt), pdt, 4, [n, c, hw, hw])
-    P.set_tensor_nd_descriptor_ex(yd, getattr(P, "PYDNN_TENSOR_" + fmt), pdt, 4, [n, k, o, o])
-    wd = P.create_filter_descriptor()
-    P.set_filter4d_descriptor(wd, pdt, getattr(P, "PYDNN_TENSOR_" + fmt), k, c, r, r)
-    cd = P.create_convolution_descriptor()
-    P.set_convolution2d_descriptor(cd, pad, pad, 1, 1, 1, 1, P.PYDNN_CROSS_CORRELATION, P.PYDNN_DATA_FLOAT)
-    if dt != "FLOAT":
-        P.set_convolution_math_type(cd, P.PYDNN_TENSOR_OP_MATH)
-    if dname == "fwd":
-        wsz = P.get_convolution_forward_workspace_size(th, xd, wd, cd, yd, algo)
-    elif dname == "bwd_data":
-        wsz = P.get_convolution_backward_data_workspace_size(th, wd, yd, cd, xd, algo)
-    else:
-        wsz = P.get_convolution_backward_filter_workspace_size(th, xd, yd, cd, wd, algo)
+    xd, wd, yd, cd, _ = case_descs(P, n, c, k, hw, r, dt, fmt, pad)
+    wsz = workspace_size(P, th, dname, algo, xd, wd, yd, cd)
     ws = torch.empty(max(wsz, 1), dtype=torch.uint8, device="cuda")
     rng = np.random.default_rng()
     k_id = kinds[name]
