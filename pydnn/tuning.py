@@ -249,6 +249,11 @@ conv = Switches(
     NARROW_1X1=(True, "1x1 stride-1 unpadded convolutions with K <= 8 output channels (8 <= C <= 256, packed NHWC, "
                       "16-bit): memory-bound streams (narrow.py) ranked by the model; the UNet head 64 -> 2 ran "
                       "the CUDA-core implicit GEMM at 0.05-0.08x cuDNN (issue 18's sweep)"),
+    STREAM_1X1=(False, "1x1 stride-1 unpadded 16-bit convolutions with a short reduction (forward C, backward data "
+                       "K: a multiple of 8 up to 64; the other side up to 256; packed NHWC) as persistent "
+                       "tensor-core streams (stream.py: the filter in shared memory, 64-pixel tiles through a "
+                       "4-deep cp.async ring); off until GPU-measured (session 34 wrote it without a GPU): "
+                       "implicit_gemm_pipe_tc / fwd_tma ran these at 0.27-0.54x cuDNN (issue 18's sweep)"),
     GROUPED_DIRECT=(True, "grouped convolutions with C/g == K/g in 4..32 (ResNeXt's grouped 3x3): forward and "
                           "stride-1 backward data on the direct tensor-core kernel (grouped_direct.py: one "
                           "launch over all groups, the halo read once, block-diagonal MMAs only) before "

@@ -55,7 +55,12 @@ SHAPES = [
     ("issue 3x3 64->64 @56", 64, 64, 64, 56, 1, 3),
     ("rand 3x3 448->880 @19", 163, 448, 880, 19, 1, 3),
     ("r50 l4 1x1 2048->512 @7", 8, 2048, 512, 7, 1),
+    ("r50 l1 1x1 64->64 @56", 32, 64, 64, 56, 1),       # the sweep's worst rows (2026-11-29: 0.267x / 0.268x)
+    ("rnx l1 1x1 64->128 @56", 32, 64, 128, 56, 1),
+    ("r50 l1 1x1 64->256 @56", 32, 64, 256, 56, 1),
 ]
+# the short-reduction rows the streaming kernels serve (tuning.conv.STREAM_1X1): --shapes of these
+STREAM = [0, 1, 4, 11, 18, 26, 27, 28]
 QUICK = [0, 1, 2, 3, 8, 9]
 
 
@@ -219,6 +224,7 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--stream", action="store_true", help="the short-reduction rows (STREAM) only")
     ap.add_argument("--shapes", default="", help="indices into SHAPES, comma-separated")
     ap.add_argument("--fused", type=int, nargs="?", const=len(FUSED), default=0,
                     help="also the fused conv + bias + ReLU rows of the first N FUSED layers (all without N)")
@@ -240,7 +246,8 @@ def main(argv=None):
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
     timer = _timer(h, args.reps)
-    idx = [int(i) for i in args.shapes.split(",") if i] or (QUICK if args.quick else range(len(SHAPES)))
+    idx = [int(i) for i in args.shapes.split(",") if i] or (QUICK if args.quick else STREAM if args.stream
+                                                             else range(len(SHAPES)))
     fused_rows = []
     if args.fused:   # first: the issue's fused target, before the shapes spend the budget
         h_tma = pydnn.create()
@@ -286,6 +293,10 @@ def main(argv=None):
                 ref_fn = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
                     dy, x, w, None, [s, s], [pad, pad], [1, 1], False, [0, 0], 1, [True, False, False])[0]
                 a_ptr, out = dy.data_ptr(), dx
+            if r == 1 and s == 1 and hasattr(tuning.conv, "STREAM_1X1"):   # the streaming kernels (stream.py)
+                from pydnn.ops.convolution import stream as ST
+                if ST.refusal(Pb.problem(conv, xd, wd, yd), direction) is None:
+                    routes += [("stream", routes[0][1], {"conv.STREAM_1X1": True})]
             if r == 1 and s == 1 and (c if d == "fwd" else k) < 512 and hasattr(mm_mod, "WG_MIN_K"):
                 # matmul's wgmma tiles for a short K too (its chooser takes them from K >= 512): for the gemm helper
                 routes += [("gemm_wgK", routes[1][1], {"matmul.WG_MIN_K": 64, "matmul.WG_MIN_K_PERSIST": 64})]

@@ -33,7 +33,7 @@ from ..activation import ActivationDescriptor
 from ..common import TAG, element_aligned, float_tensor, scalar
 from . import algorithms as _algos
 from . import find as _find
-from . import conv_tma, dgrad_phases, fft, gemm, grouped, grouped_direct, implicit, narrow, tensor_core, wgrad_mm, wgrad_wgmma, winograd  # noqa: F401 - each registers its planners
+from . import conv_tma, dgrad_phases, fft, gemm, grouped, grouped_direct, implicit, narrow, stream, tensor_core, wgrad_mm, wgrad_wgmma, winograd  # noqa: F401 - each registers its planners
 from .algorithms import *  # noqa: F401,F403 - algorithm queries and Find...Ex
 from .find import *  # noqa: F401,F403 - Find without Ex (buffers of its own)
 from . import bias as _bias
