@@ -13,8 +13,12 @@
 // along its NT columns (MmaSm80<16, NT / 2>). Epilogue from registers: alpha only (no beta, z, bias or
 // activation) stores 16-byte runs (quad::transpose over each 4 n8 tiles); otherwise pairs after
 // conv_epilogue.cuh's arithmetic (beta; the fused forward's z, bias and activation_n).
+// Output sides past NT (256; up to 512): `splits` column chunks of NT; block b takes chunk b % splits (its part
+// of the filter) and every splits-th tile from b / splits (A is read once a chunk: 32 -> 400 reads its 64 bytes a
+// pixel twice against 800 written).
 // ConvParams: x (A: x or dy), w (the filter), out (y or dx), gm = pixels, gn = N (output channels of the GEMM),
-// gk = K (its reduction), out_size / zs (the fused forward's z offsets), alpha / beta / alpha2 / flags / act.
+// gk = K (its reduction), splits (column chunks; the grid a multiple of it), out_size / zs (the fused forward's z
+// offsets), alpha / beta / alpha2 / flags / act.
 #include "common/mma.cuh"
 #include "common/params.h"
 #include "common/quad.cuh"
@@ -51,16 +55,18 @@ __device__ __forceinline__ void stream_load_a(T* slot, const T* a, long long row
   }
 }
 
-// The filter into shared memory once: [n][k] (forward) or [k][n] (backward data), zero past N / K
+// The filter's columns n0 .. n0 + NT into shared memory once: [n][k] (forward) or [k][n] (backward data), zero
+// past N / K
 template <class T, int KP, int NT, bool KN>
-__device__ __forceinline__ void stream_load_b(T* sb, const T* w, int N, int K) {
+__device__ __forceinline__ void stream_load_b(T* sb, const T* w, int N, int K, int n0) {
   typedef StreamSmem<KP, NT, KN> S;
   constexpr int cols = KN ? NT : KP, chunks = cols / 8;
-  const int rows_valid = KN ? K : N, cols_valid = KN ? N : K;
   for (int i = threadIdx.x; i < S::b_rows * chunks; i += kStreamThreads) {
     const int r = i / chunks, c = (i % chunks) * 8;
-    const bool ok = r < rows_valid && c < cols_valid;
-    mma::cp_async_16(mma::smem_u32(sb + r * S::b_pitch + c), ok ? w + (long long)r * cols_valid + c : w, ok);
+    const int n = n0 + (KN ? c : r), k = KN ? r : c;  // (n + 8 <= N when n < N: N % 8 == 0)
+    const bool ok = n < N && k < K;
+    const long long off = KN ? (long long)k * N + n : (long long)n * K + k;
+    mma::cp_async_16(mma::smem_u32(sb + r * S::b_pitch + c), ok ? w + off : w, ok);
   }
 }
 
@@ -88,25 +94,27 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_1x1(const ConvParams
   const long long M = p.gm;
   const int N = p.gn, K = p.gk;
   const long long tiles = (M + kStreamBM - 1) / kStreamBM;
+  const int splits = p.splits, n0 = (int)(blockIdx.x % splits) * NT;
+  const long long step = gridDim.x / splits;  // this chunk's blocks
   const int warp = threadIdx.x >> 5, wm = warp & 3, wn = warp >> 2;
   const float alpha = (float)p.alpha, beta = (float)p.beta, alpha2 = (float)p.alpha2;
   const bool plain = !(p.flags & (PYDNN_FLAG_BETA | PYDNN_CONV_FLAG_Z | PYDNN_CONV_FLAG_BIAS)) &&
                      p.act == PYDNN_CONV_ACT_IDENTITY;
 
   // the filter and the first STAGES - 1 tiles: one commit group each (the filter rides with tile 0's)
-  stream_load_b<T, KP, NT, KN>(sb, static_cast<const T*>(p.w), N, K);
-  long long t = blockIdx.x;
+  stream_load_b<T, KP, NT, KN>(sb, static_cast<const T*>(p.w), N, K, n0);
+  long long t = blockIdx.x / splits;
 #pragma unroll
   for (int s = 0; s < kStreamStages - 1; ++s) {
-    const long long ts = t + (long long)s * gridDim.x;
+    const long long ts = t + (long long)s * step;
     if (ts < tiles) stream_load_a<T, KP>(sa + s * S::a_elems, a, ts * kStreamBM, M, K);
     mma::cp_async_commit();
   }
-  for (int it = 0; t < tiles; ++it, t += gridDim.x) {
+  for (int it = 0; t < tiles; ++it, t += step) {
     mma::cp_async_wait<kStreamStages - 2>();
     __syncthreads();  // tile `it` landed for every thread; every warp is done with tile it - 1's slot
     {
-      const long long tn = t + (long long)(kStreamStages - 1) * gridDim.x;
+      const long long tn = t + (long long)(kStreamStages - 1) * step;
       if (tn < tiles)
         stream_load_a<T, KP>(sa + ((it + kStreamStages - 1) % kStreamStages) * S::a_elems, a, tn * kStreamBM, M, K);
       mma::cp_async_commit();
@@ -122,7 +130,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2) stream_1x1(const ConvParams
         e.step(slot + k0, sb + wn * (NT / 2) * S::b_pitch + k0, S::a_pitch);
     }
     const long long row_base = t * kStreamBM + wm * 16;
-    const int col_base = wn * (NT / 2);
+    const int col_base = n0 + wn * (NT / 2);
     if (plain) {
       // 16-byte stores: over each 4 n8 tiles the quad's lanes exchange their pairs so lane q holds 8 columns of
       // one row (rows g and g + 8 of the warp's 16)

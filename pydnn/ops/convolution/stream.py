@@ -1,6 +1,7 @@
 """1x1 convolutions with a short reduction on tensor cores, as persistent streams (ptx/conv_stream.cu):
 stride 1, no padding, one group, half / bfloat16, x and y packed NHWC, the reduction (forward: C; backward
-data: K) a multiple of 8 up to 64 and the other side (forward: K; backward data: C) a multiple of 8 up to 256.
+data: K) a multiple of 8 up to 64 and the other side (forward: K; backward data: C) a multiple of 8 up to 512
+(past 256: column chunks of 256, a block each, A read once a chunk).
 
     forward          IMPLICIT_PRECOMP_GEMM  stream_1x1<T, KP, NT, false> (the fused bias / z / activation too)
     backward data    ALGO_1                 stream_1x1<T, KP, NT, true>
@@ -32,7 +33,8 @@ THREADS = 256
 BM = 64                    # pixel rows a tile (kStreamBM)
 STAGES = 4                 # the ring (kStreamStages)
 MAX_R = 64                 # the reduction: C (forward) / K (backward data)
-NTS = (64, 128, 256)       # the output side's tile: the smallest that holds it
+NTS = (64, 128, 256)       # the output side's tile: the smallest that holds it (256-wide chunks past 256)
+MAX_N = 512
 KPS = (16, 32, 48, 64)     # the reduction rounded up to k16 steps
 BLOCKS_PER_SM = 2          # 256 threads at <= 128 registers: 2 blocks a SM (shared memory allows 3 at the largest)
 DRAM_GBPS = 3000.0
@@ -73,8 +75,8 @@ def refusal(pb, direction):
     r, n = _sides(pb, direction)
     if r % 8 or r > MAX_R:
         return f"reduction {r}: a multiple of 8 up to {MAX_R}"
-    if n % 8 or n > NTS[-1]:
-        return f"output channels {n}: a multiple of 8 up to {NTS[-1]}"
+    if n % 8 or n > MAX_N:
+        return f"output channels {n}: a multiple of 8 up to {MAX_N}"
     if not packed_nhwc(pb.xs, pb.c, pb.in3) or not packed_nhwc(pb.ys, pb.k, pb.out3):
         return "x / y not packed NHWC"
     if pb.ws[0] != pb.c or (pb.c > 1 and pb.ws[1] != 1):
@@ -90,13 +92,15 @@ class StreamPlan(StepPlan):
         self.pixels = pb.n * prod(pb.in3)
         r, n = _sides(pb, direction)
         kp = next(k for k in KPS if k >= r)
-        nt = next(t for t in NTS if t >= n)
+        nt = next((t for t in NTS if t >= n), NTS[-1])
+        self.chunks = cdiv(n, nt)   # column chunks
         kn = direction == DIR_BWD_DATA
         p = base_params(pb, direction)
         p.flags = 0
-        p.gm, p.gn, p.gk = self.pixels, n, r
+        p.gm, p.gn, p.gk, p.splits = self.pixels, n, r, self.chunks
         self.gemm = p
-        self.blocks = max(1, min(cdiv(self.pixels, BM), BLOCKS_PER_SM * max(handle.sm_count, 1)))
+        per_chunk = max(1, min(cdiv(self.pixels, BM), BLOCKS_PER_SM * max(handle.sm_count, 1) // self.chunks))
+        self.blocks = per_chunk * self.chunks   # (a multiple of the chunks: block b takes chunk b % chunks)
         self.gemm_expr = _expr(pb.tag, kp, nt, kn)
         self.gemm_argv = driver.kernel_args(p)
         self.gemm_func = None
@@ -122,7 +126,8 @@ class StreamPlan(StepPlan):
 
     def estimate_ms(self, handle, base_estimate):
         pb = self.problem
-        t = self.pixels * (pb.c + pb.k) * 2 / (DRAM_GBPS * 1e6)
+        r, n = _sides(pb, self.direction)
+        t = self.pixels * (self.chunks * r + n) * 2 / (DRAM_GBPS * 1e6)
         fill = min(1.0, self.blocks / (BLOCKS_PER_SM * max(handle.sm_count, 1)))
         return t / max(fill, 0.1)
 

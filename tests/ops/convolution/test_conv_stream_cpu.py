@@ -46,9 +46,12 @@ def test_where_the_stream_kernels_serve(on):
         assert pl.gemm_expr == S._expr("bf16", 64, 64, d == Pb.DIR_BWD_DATA)
         assert pl.smem == S.smem_bytes(64, 64, d == Pb.DIR_BWD_DATA) <= 227 * 1024 // 2
         assert (pl.gemm.gm, pl.gemm.gn, pl.gemm.gk) == (32 * 56 * 56, 64, 64)
-    conv, x, w, y = _descs(2, 40, 264, (5, 7), F16)   # forward: reduction 40 (KP 48); backward data: reduction 264
+    conv, x, w, y = _descs(2, 40, 520, (5, 7), F16)
     pl = P.new_plan(h, Pb.DIR_FWD, FWD1, conv, x, w, y)
-    assert type(pl) is not S.StreamPlan   # output side 264 > 256
+    assert type(pl) is not S.StreamPlan   # output side 520 > 512
+    conv, x, w, y = _descs(2, 40, 264, (5, 7), F16)   # forward: reduction 40 (KP 48), two column chunks
+    pl = P.new_plan(h, Pb.DIR_FWD, FWD1, conv, x, w, y)
+    assert type(pl) is S.StreamPlan and pl.chunks == 2 and pl.gemm.splits == 2 and pl.blocks == 2 * 2  # 2 tiles a chunk
     conv, x, w, y = _descs(2, 40, 248, (5, 7), F16)
     pl = P.new_plan(h, Pb.DIR_FWD, FWD1, conv, x, w, y)
     assert type(pl) is S.StreamPlan and pl.gemm_expr == S._expr("f16", 48, 256, False)
@@ -73,18 +76,24 @@ def _emulate(pl, a, b, alpha, beta, out0, z=None, bias=None, relu=False, zmap=No
     p = pl.gemm
     M, N, R = p.gm, p.gn, p.gk
     kp = next(k for k in S.KPS if k >= R)
-    nt = next(t for t in S.NTS if t >= N)
+    nt = next((t for t in S.NTS if t >= N), S.NTS[-1])
+    chunks = p.splits
+    assert chunks == -(-N // nt) and pl.blocks % chunks == 0
     kn = pl.direction == Pb.DIR_BWD_DATA
-    sb = np.zeros((kp, nt)) if kn else np.zeros((nt, kp))   # the filter in shared memory, zero past N / R
-    if kn:
-        sb[:R, :N] = b
-    else:
-        sb[:N, :R] = b
-    bnk = sb.T if kn else sb                                 # [n][k] either way for the product
     out, stores = out0.copy(), np.zeros(out0.shape, int)
     tiles, grid = -(-M // S.BM), pl.blocks
+    step = grid // chunks
     plain = beta == 0 and z is None and bias is None and not relu
     for blk in range(grid):
+        n0 = (blk % chunks) * nt   # this block's column chunk: its part of the filter in shared memory
+        sb = np.zeros((kp, nt)) if kn else np.zeros((nt, kp))   # zero past N / R
+        if kn:
+            part = b[:R, n0:n0 + nt]
+            sb[:R, :part.shape[1]] = part
+        else:
+            part = b[n0:n0 + nt, :R]
+            sb[:part.shape[0], :R] = part
+        bnk = sb.T if kn else sb                                 # [n][k] either way for the product
         ring = [None] * S.STAGES
 
         def load(tile, slot):
@@ -93,13 +102,13 @@ def _emulate(pl, a, b, alpha, beta, out0, z=None, bias=None, relu=False, zmap=No
             t_[:rows.shape[0], :R] = rows
             ring[slot] = (tile, t_)
 
-        t = blk
-        for s in range(S.STAGES - 1):    # the prologue: tiles t, t + grid, ... into slots 0, 1, 2
-            if t + s * grid < tiles:
-                load(t + s * grid, s)
+        t = blk // chunks
+        for s in range(S.STAGES - 1):    # the prologue: tiles t, t + step, ... into slots 0, 1, 2
+            if t + s * step < tiles:
+                load(t + s * step, s)
         it = 0
         while t < tiles:
-            tn = t + (S.STAGES - 1) * grid
+            tn = t + (S.STAGES - 1) * step
             if tn < tiles:
                 load(tn, (it + S.STAGES - 1) % S.STAGES)
             tile, at = ring[it % S.STAGES]
@@ -107,7 +116,7 @@ def _emulate(pl, a, b, alpha, beta, out0, z=None, bias=None, relu=False, zmap=No
             for warp in range(8):
                 wm, wn = warp & 3, warp >> 2
                 acc = at[wm * 16:wm * 16 + 16] @ bnk[wn * nt // 2:(wn + 1) * nt // 2].T   # 16 x NT/2
-                row_base, col_base = t * S.BM + wm * 16, wn * nt // 2
+                row_base, col_base = t * S.BM + wm * 16, n0 + wn * nt // 2
                 for lane in range(32):
                     g, q = lane >> 2, lane & 3
                     for hh in range(2):
@@ -134,15 +143,17 @@ def _emulate(pl, a, b, alpha, beta, out0, z=None, bias=None, relu=False, zmap=No
                                     out[row, col:col + 2] = v
                                     stores[row, col:col + 2] += 1
             it += 1
-            t += grid
+            t += step
     return out, stores
 
 
 @pytest.mark.parametrize("n,c,k,hw,grid", [(2, 64, 64, (9, 11), 3), (1, 40, 24, (13, 7), 2), (3, 16, 200, (5, 6), 4),
-                                           (1, 8, 8, (3, 3), 1), (2, 56, 136, (8, 9), 132)])
+                                           (1, 8, 8, (3, 3), 1), (2, 56, 136, (8, 9), 132),
+                                           (2, 32, 400, (7, 9), 2), (1, 40, 280, (11, 5), 3)])
 def test_emulated_stream_kernel_matches_reference(on, n, c, k, hw, grid):
     """Tails everywhere: pixels not a multiple of 64, the output side not of NT / 2, the reduction not of 16; a
-    grid of fewer blocks than tiles (each block walks several tiles through the ring) and of more (idle blocks)."""
+    grid of fewer blocks than tiles (each block walks several tiles through the ring) and of more (idle blocks);
+    output sides past 256 (column chunks: 400, 280)."""
     h = cpu_handle("sm_90", 132)
     rng = np.random.default_rng(11)
     conv, x, w, y = _descs(n, c, k, hw)
@@ -156,7 +167,7 @@ def test_emulated_stream_kernel_matches_reference(on, n, c, k, hw, grid):
             assert type(pl) is not S.StreamPlan and k > S.MAX_R
             continue
         assert type(pl) is S.StreamPlan
-        pl.blocks = grid
+        pl.blocks = grid * pl.chunks   # (blocks per chunk: grid)
         if d == Pb.DIR_FWD:
             a, b, want = xf, wm, np.moveaxis(ref.forward_raw(xv, wv, pad, st, dil), 1, -1).reshape(-1, k)
         else:
