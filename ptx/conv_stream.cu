@@ -1,4 +1,4 @@
-// 1x1 convolutions with a short reduction (forward: C <= 64 input channels; backward data: K <= 64 output
+// 1x1 convolutions with a short reduction (forward: C <= 128 input channels; backward data: K <= 128 output
 // channels), stride 1, no padding, one group, half / bfloat16, x and y packed NHWC: GEMMs of one or a few k16
 // steps, memory-bound (the sweep's worst rows, H200: N32 1x1 64->64 @56 forward and backward data at 0.27x cuDNN,
 // 32->400, 40->280, 64->256 at 0.33-0.54x; tools/PERF.md: one tile a block cannot overlap its C store with the
@@ -81,9 +81,15 @@ __device__ __forceinline__ long long stream_z_base(const ConvParams& p, long lon
   return (r / p.out_size[0]) * p.zs[0] + od * p.zs[2] + oh * p.zs[3] + ow * p.zs[4];
 }
 
+// 2 blocks a SM (then at most 128 registers a thread) where shared memory holds two and the tile fits 128
+// registers without spilling (ptxas, NVRTC 13.5: KP 96 x NT 256 spilled 12 bytes), else 1 (stream.py's per_sm)
+template <int KP, int NT, bool KN> struct StreamMinBlocks {
+  static constexpr int value = 2 * StreamSmem<KP, NT, KN>::bytes <= 227 * 1024 && (KP <= 64 || NT <= 128) ? 2 : 1;
+};
+
 template <class T, int KP, int NT, bool KN>
-__global__ void __launch_bounds__(kStreamThreads, 2) stream_1x1(const ConvParams p) {
-  static_assert(KP % 16 == 0 && KP <= 64 && NT % 64 == 0 && NT <= 256, "tile");
+__global__ void __launch_bounds__(kStreamThreads, (StreamMinBlocks<KP, NT, KN>::value)) stream_1x1(const ConvParams p) {
+  static_assert(KP % 16 == 0 && KP <= 128 && NT % 64 == 0 && NT <= 256, "tile");
   typedef StreamSmem<KP, NT, KN> S;
   typedef mma::MmaSm80<T, 16, NT / 2> Engine;
   extern __shared__ __align__(16) unsigned char smem_raw[];

@@ -250,7 +250,7 @@ conv = Switches(
                       "16-bit): memory-bound streams (narrow.py) ranked by the model; the UNet head 64 -> 2 ran "
                       "the CUDA-core implicit GEMM at 0.05-0.08x cuDNN (issue 18's sweep)"),
     STREAM_1X1=(False, "1x1 stride-1 unpadded 16-bit convolutions with a short reduction (forward C, backward data "
-                       "K: a multiple of 8 up to 64; the other side up to 256; packed NHWC) as persistent "
+                       "K: a multiple of 8 up to 128; the other side up to 512; packed NHWC) as persistent "
                        "tensor-core streams (stream.py: the filter in shared memory, 64-pixel tiles through a "
                        "4-deep cp.async ring); off until GPU-measured (session 34 wrote it without a GPU): "
                        "implicit_gemm_pipe_tc / fwd_tma ran these at 0.27-0.54x cuDNN (issue 18's sweep)"),

@@ -60,7 +60,7 @@ SHAPES = [
     ("r50 l1 1x1 64->256 @56", 32, 64, 256, 56, 1),
 ]
 # the short-reduction rows the streaming kernels serve (tuning.conv.STREAM_1X1): --shapes of these
-STREAM = [0, 1, 4, 11, 18, 19, 20, 26, 27, 28]
+STREAM = [0, 1, 4, 11, 18, 19, 20, 26, 27, 28]  # (27: its backward data too, reduction 128)
 QUICK = [0, 1, 2, 3, 8, 9]
 
 

@@ -1,6 +1,6 @@
 """1x1 convolutions with a short reduction on tensor cores, as persistent streams (ptx/conv_stream.cu):
 stride 1, no padding, one group, half / bfloat16, x and y packed NHWC, the reduction (forward: C; backward
-data: K) a multiple of 8 up to 64 and the other side (forward: K; backward data: C) a multiple of 8 up to 512
+data: K) a multiple of 8 up to 128 and the other side (forward: K; backward data: C) a multiple of 8 up to 512
 (past 256: column chunks of 256, a block each, A read once a chunk).
 
     forward          IMPLICIT_PRECOMP_GEMM  stream_1x1<T, KP, NT, false> (the fused bias / z / activation too)
@@ -32,11 +32,12 @@ SOURCE = "conv_stream.cu"
 THREADS = 256
 BM = 64                    # pixel rows a tile (kStreamBM)
 STAGES = 4                 # the ring (kStreamStages)
-MAX_R = 64                 # the reduction: C (forward) / K (backward data)
+MAX_R = 128                # the reduction: C (forward) / K (backward data)
 NTS = (64, 128, 256)       # the output side's tile: the smallest that holds it (256-wide chunks past 256)
 MAX_N = 512
-KPS = (16, 32, 48, 64)     # the reduction rounded up to k16 steps
-BLOCKS_PER_SM = 2          # 256 threads at <= 128 registers: 2 blocks a SM (shared memory allows 3 at the largest)
+KPS = (16, 32, 48, 64, 80, 96, 112, 128)   # the reduction rounded up to k16 steps
+BLOCKS_PER_SM = 2          # 256 threads at <= 128 registers: 2 blocks a SM where shared memory holds two
+SMEM_PER_SM = 227 * 1024   # (sm_80 / sm_90: 228 KB a SM, 227 KB a block at most)
 DRAM_GBPS = 3000.0
 
 
@@ -57,6 +58,12 @@ def smem_bytes(kp, nt, kn):
     a = STAGES * BM * (kp + 8)
     b = kp * (nt + 8) if kn else nt * (kp + 8)
     return (a + b) * 2
+
+
+def blocks_per_sm(kp, nt, kn):
+    """StreamMinBlocks: 2 where shared memory holds two blocks and the tile fits 128 registers (KP <= 64 or NT <=
+    128: ptxas spilled KP 96 x NT 256 at 128), else 1."""
+    return BLOCKS_PER_SM if 2 * smem_bytes(kp, nt, kn) <= SMEM_PER_SM and (kp <= 64 or nt <= 128) else 1
 
 
 def _sides(pb, direction):
@@ -99,12 +106,13 @@ class StreamPlan(StepPlan):
         p.flags = 0
         p.gm, p.gn, p.gk, p.splits = self.pixels, n, r, self.chunks
         self.gemm = p
-        per_chunk = max(1, min(cdiv(self.pixels, BM), BLOCKS_PER_SM * max(handle.sm_count, 1) // self.chunks))
+        self.smem = smem_bytes(kp, nt, kn)
+        self.per_sm = blocks_per_sm(kp, nt, kn)
+        per_chunk = max(1, min(cdiv(self.pixels, BM), self.per_sm * max(handle.sm_count, 1) // self.chunks))
         self.blocks = per_chunk * self.chunks   # (a multiple of the chunks: block b takes chunk b % chunks)
         self.gemm_expr = _expr(pb.tag, kp, nt, kn)
         self.gemm_argv = driver.kernel_args(p)
         self.gemm_func = None
-        self.smem = smem_bytes(kp, nt, kn)
 
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         """forward: a = x, b = w, out = y; backward data: a = dy, b = w, out = dx."""
@@ -128,7 +136,7 @@ class StreamPlan(StepPlan):
         pb = self.problem
         r, n = _sides(pb, self.direction)
         t = self.pixels * (self.chunks * r + n) * 2 / (DRAM_GBPS * 1e6)
-        fill = min(1.0, self.blocks / (BLOCKS_PER_SM * max(handle.sm_count, 1)))
+        fill = min(1.0, self.blocks / (self.per_sm * max(handle.sm_count, 1)))
         return t / max(fill, 0.1)
 
 

@@ -3,7 +3,7 @@ CPU: where they serve; a numpy emulation of the kernel's schedule (each block's 
 cp.async ring's slots, the zero-filled rows / columns / reduction tail, the 8 warps' 16 x NT/2 parts, the 16-byte
 stores of the plain epilogue after the quad transpose and the pair stores of the fused one) against the float64
 reference, every output element written once; the plan's launch and parameters; NVRTC compiles the largest
-instantiations without spills in 128 registers (2 blocks of 256 threads a SM)."""
+instantiations without spills (in 128 registers where 2 blocks of 256 threads share a SM)."""
 import sys
 from pathlib import Path
 
@@ -56,7 +56,7 @@ def test_where_the_stream_kernels_serve(on):
     pl = P.new_plan(h, Pb.DIR_FWD, FWD1, conv, x, w, y)
     assert type(pl) is S.StreamPlan and pl.gemm_expr == S._expr("f16", 48, 256, False)
     assert "reduction 248" in S.refusal(Pb.problem(conv, x, w, y), Pb.DIR_BWD_DATA)
-    for args, why in (((8, 72, 64, (16, 16)), "reduction 72"), ((8, 12, 64, (16, 16)), "reduction 12"),
+    for args, why in (((8, 136, 64, (16, 16)), "reduction 136"), ((8, 12, 64, (16, 16)), "reduction 12"),
                       ((8, 64, 60, (16, 16)), "output channels 60"), ((8, 64, 64, (16, 16), BF16, False), "packed NHWC"),
                       ((8, 64, 64, (16, 16), F32), "half"), ((8, 64, 64, (16, 16), BF16, True, 3, 1), "1x1"),
                       ((8, 64, 64, (16, 16), BF16, True, 1, 0, 2), "1x1"),
@@ -149,7 +149,8 @@ def _emulate(pl, a, b, alpha, beta, out0, z=None, bias=None, relu=False, zmap=No
 
 @pytest.mark.parametrize("n,c,k,hw,grid", [(2, 64, 64, (9, 11), 3), (1, 40, 24, (13, 7), 2), (3, 16, 200, (5, 6), 4),
                                            (1, 8, 8, (3, 3), 1), (2, 56, 136, (8, 9), 132),
-                                           (2, 32, 400, (7, 9), 2), (1, 40, 280, (11, 5), 3)])
+                                           (2, 32, 400, (7, 9), 2), (1, 40, 280, (11, 5), 3), (1, 24, 120, (6, 7), 2),
+                                           (2, 104, 256, (5, 9), 5)])
 def test_emulated_stream_kernel_matches_reference(on, n, c, k, hw, grid):
     """Tails everywhere: pixels not a multiple of 64, the output side not of NT / 2, the reduction not of 16; a
     grid of fewer blocks than tiles (each block walks several tiles through the ring) and of more (idle blocks);
@@ -209,8 +210,9 @@ def test_launch_and_parameters(on):
         assert e.value.status == pydnn.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER and "16-byte" in str(e.value)
 
 
-@pytest.mark.parametrize("kn", [False, True])
-def test_largest_instantiations_compile_without_spills(kn):
+@pytest.mark.parametrize("kp,nt,kn", [(64, 256, False), (64, 256, True), (128, 256, False), (128, 256, True),
+                                      (96, 128, False)])
+def test_largest_instantiations_compile_without_spills(kp, nt, kn):
     nvrtc = pytest.importorskip("pydnn._cuda.nvrtc")
     try:
         nvrtc.version()
@@ -219,10 +221,12 @@ def test_largest_instantiations_compile_without_spills(kn):
     from pydnn._build import cache
     u = [u for u in P.kernel_units(S.unit("bf16")) if u.name == S.unit("bf16")][0]
     text, _ = cache.unit_inputs(u)
-    expr = S._expr("bf16", 64, 256, kn)
+    expr = S._expr("bf16", kp, nt, kn)
     cubin, lowered, log = nvrtc.compile_cubin(text, u.source, (expr,), "sm_90", ("-std=c++17", "--ptxas-options=-v"),
                                               [str(cache.ptx_dir())])
     assert cubin and set(lowered) == {expr}
     regs = [int(line.split("Used ")[1].split()[0]) for line in log.splitlines() if "Used " in line]
-    assert regs and max(regs) <= 128, log   # __launch_bounds__(256, 2): two blocks a SM
+    per_sm = S.blocks_per_sm(kp, nt, kn)   # (StreamMinBlocks: __launch_bounds__(256, 2) caps at 128 registers)
+    assert regs and max(regs) <= (128 if per_sm == 2 else 255), log
+    assert per_sm == (2 if kp <= 64 or nt <= 128 else 1) and per_sm * S.smem_bytes(kp, nt, kn) <= S.SMEM_PER_SM
     assert "0 bytes spill stores, 0 bytes spill loads" in log, log

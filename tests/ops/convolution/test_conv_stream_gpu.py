@@ -1,6 +1,6 @@
 """The streaming 1x1 convolutions (ops/convolution/stream.py, tuning.conv.STREAM_1X1: off by default, on here) on
 the GPU against the float64 reference: forward (IMPLICIT_PRECOMP_GEMM; the fused bias + z + activation too) and
-backward data (ALGO_1), for reductions of 8 .. 64 (one to four k16 steps, tails zero-filled), output sides of 8 ..
+backward data (ALGO_1), for reductions of 8 .. 128 (one to eight k16 steps, tails zero-filled), output sides of 8 ..
 400 (each NT tile, tails masked; column chunks past 256), pixel counts that leave a partial 64-row tile, grids of fewer blocks than tiles
 (the ring walking several) and the issue's worst layer (N32 64 -> 64 @56); bf16 and fp16, alpha / beta, outputs
 poisoned; the plan taken is the streaming one. Written in session 34 without a GPU: not yet run."""
@@ -26,12 +26,15 @@ CASES = [  # xdims, k, filt, pad, stride, dil, groups, layout, filter format (bo
     ((1, 8, 40, 40), 8, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),        # one k16 step, 8 columns of 64
     ((2, 32, 30, 30), 64, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),
     ((32, 64, 56, 56), 64, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),     # issue 18's worst layer
+    ((2, 128, 19, 23), 64, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),     # reductions 128 / 64
+    ((2, 64, 21, 20), 128, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),     # ResNeXt's 64 -> 128 (dgrad 0.285x)
 ]
 FWD_ONLY = [  # forward only (backward data's reduction past 64): output sides 136 .. 400 (past 256: two chunks)
     ((2, 56, 8, 9), 136, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),
     ((1, 32, 17, 17), 248, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),
     ((2, 32, 13, 11), 400, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),
     ((1, 40, 20, 21), 280, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),
+    ((1, 96, 15, 17), 256, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC),     # KP 96 x NT 256: 1 block a SM
 ]
 IDS = [f"n{c[0][0]}c{c[0][1]}k{c[1]}" for c in CASES]
 
@@ -52,7 +55,7 @@ def _stream(handle, pb, direction, algo, blocks=None):
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("case", CASES + FWD_ONLY, ids=IDS + ["c56k136", "c32k248", "c32k400", "c40k280"])
+@pytest.mark.parametrize("case", CASES + FWD_ONLY, ids=IDS + ["c56k136", "c32k248", "c32k400", "c40k280", "c96k256"])
 def test_stream_forward(handle, rng, case, dtype):
     check_forward(handle, rng, lambda mode: Problem(case, dtype, mode), dtype, FWD1, "stream forward",
                   before=lambda pb: _stream(handle, pb, CPb.DIR_FWD, FWD1))
