@@ -55,6 +55,18 @@ template <int N> __device__ __forceinline__ void activate_n(const ConvParams& p,
 #undef PYDNN_CONV_ACT_CASE
 }
 
+// z's offset of output pixel `pix` (the pixels of y's dims in order: n, d, h, w), channel 0: the fused forward's z in
+// any strides of y's dims (p.out_size, p.zs)
+__device__ __forceinline__ long long z_pixel_offset(const ConvParams& p, long long pix) {
+  long long r = pix;
+  const int ow = (int)(r % p.out_size[2]);
+  r /= p.out_size[2];
+  const int oh = (int)(r % p.out_size[1]);
+  r /= p.out_size[1];
+  const int od = (int)(r % p.out_size[0]);
+  return (r / p.out_size[0]) * p.zs[0] + od * p.zs[2] + oh * p.zs[3] + ow * p.zs[4];
+}
+
 // out[off] = alpha * v (+ beta * out[off]); forward also (+ alpha2 * z[zoff]) (+ bias[ch]), then act.
 template <bool FWD, class T, class Acc>
 __device__ __forceinline__ Acc epilogue_value(const ConvParams& p, const T* out, long long off, long long zoff, int ch,

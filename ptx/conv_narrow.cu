@@ -100,16 +100,7 @@ __global__ void __launch_bounds__(kNarrowThreads) narrow_fwd(const ConvParams p)
 #pragma unroll
         for (int k = 0; k < KT; ++k) s[k] += __shfl_xor_sync(0xffffffffu, s[k], off);
       if (wk.sub == 0 && pix < P) {
-        long long zb = 0;
-        if (p.flags & PYDNN_CONV_FLAG_Z) {  // z's offset from the pixel's (n, d, h, w)
-          long long r = pix;
-          const int ow = (int)(r % p.out_size[2]);
-          r /= p.out_size[2];
-          const int oh = (int)(r % p.out_size[1]);
-          r /= p.out_size[1];
-          const int od = (int)(r % p.out_size[0]);
-          zb = (r / p.out_size[0]) * p.zs[0] + od * p.zs[2] + oh * p.zs[3] + ow * p.zs[4];
-        }
+        const long long zb = (p.flags & PYDNN_CONV_FLAG_Z) ? z_pixel_offset(p, pix) : 0;
 #pragma unroll
         for (int k = 0; k < KT; ++k)
           if (k < K) {

@@ -70,17 +70,6 @@ __device__ __forceinline__ void stream_load_b(T* sb, const T* w, int N, int K, i
   }
 }
 
-// z's offset of pixel `pix` (the fused forward: z in any strides of y's dims)
-__device__ __forceinline__ long long stream_z_base(const ConvParams& p, long long pix) {
-  long long r = pix;
-  const int ow = (int)(r % p.out_size[2]);
-  r /= p.out_size[2];
-  const int oh = (int)(r % p.out_size[1]);
-  r /= p.out_size[1];
-  const int od = (int)(r % p.out_size[0]);
-  return (r / p.out_size[0]) * p.zs[0] + od * p.zs[2] + oh * p.zs[3] + ow * p.zs[4];
-}
-
 // 2 blocks a SM (then at most 128 registers a thread) where shared memory holds two and the tile fits 128
 // registers without spilling (ptxas, NVRTC 13.5: KP 96 x NT 256 spilled 12 bytes), else 1 (stream.py's per_sm)
 template <int KP, int NT, bool KN> struct StreamMinBlocks {
@@ -163,11 +152,16 @@ __global__ void __launch_bounds__(kStreamThreads, (StreamMinBlocks<KP, NT, KN>::
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const long long row = row_base + Engine::row_of(0, 2 * h);
-        if (!KN && (p.flags & PYDNN_CONV_FLAG_Z) && row < M) zb[h] = stream_z_base(p, row);
+        if (!KN && (p.flags & PYDNN_CONV_FLAG_Z) && row < M) zb[h] = z_pixel_offset(p, row);
       }
 #pragma unroll
       for (int j = 0; j < Engine::TN; ++j) {
-        float v[4];
+        float v[4], bj[2] = {0.f, 0.f};  // the bias of this lane's two columns of the tile
+        const int c0 = col_base + Engine::col_of(j, 0);
+        if (!KN && (p.flags & PYDNN_CONV_FLAG_BIAS) && c0 < N) {
+          bj[0] = load<float>(static_cast<const T*>(p.bias)[c0 * p.bias_stride]);
+          bj[1] = load<float>(static_cast<const T*>(p.bias)[(c0 + 1) * p.bias_stride]);
+        }
 #pragma unroll
         for (int el = 0; el < 4; ++el) {
           const long long row = row_base + Engine::row_of(0, el);
@@ -177,8 +171,7 @@ __global__ void __launch_bounds__(kStreamThreads, (StreamMinBlocks<KP, NT, KN>::
             if (p.flags & PYDNN_FLAG_BETA) x += beta * load<float>(out[row * N + col]);
             if (!KN && (p.flags & PYDNN_CONV_FLAG_Z))
               x += alpha2 * load<float>(static_cast<const T*>(p.z)[zb[el >> 1] + col * p.zs[1]]);
-            if (!KN && (p.flags & PYDNN_CONV_FLAG_BIAS))
-              x += load<float>(static_cast<const T*>(p.bias)[col * p.bias_stride]);
+            x += bj[el & 1];
           }
           v[el] = x;
         }

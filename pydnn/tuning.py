@@ -252,7 +252,7 @@ conv = Switches(
     STREAM_1X1=(False, "1x1 stride-1 unpadded 16-bit convolutions with a short reduction (forward C, backward data "
                        "K: a multiple of 8 up to 128; the other side up to 512; packed NHWC) as persistent "
                        "tensor-core streams (stream.py: the filter in shared memory, 64-pixel tiles through a "
-                       "4-deep cp.async ring); off until GPU-measured (session 34 wrote it without a GPU): "
+                       "4-deep cp.async ring); off until GPU-measured (not yet run on a GPU): "
                        "implicit_gemm_pipe_tc / fwd_tma ran these at 0.27-0.54x cuDNN (issue 18's sweep)"),
     GROUPED_DIRECT=(True, "grouped convolutions with C/g == K/g in 4..32 (ResNeXt's grouped 3x3): forward and "
                           "stride-1 backward data on the direct tensor-core kernel (grouped_direct.py: one "

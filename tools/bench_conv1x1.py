@@ -210,8 +210,7 @@ def _timer(h, reps):
 
     def timer(fn):
         try:   # about 2 ms of work a replay (a one-call graph first says how long a call is)
-            one = SC.graph_ms(h, fn, calls=1, reps=1)
-            return SC.graph_ms(h, fn, calls=max(1, min(20, int(2.0 / max(one, 1e-3)))), reps=reps), "graph"
+            return SC.graph_ms_fit(h, fn, reps), "graph"
         except Exception:  # noqa: BLE001 - not capturable: events around back-to-back calls
             import torch
             torch.cuda.synchronize()

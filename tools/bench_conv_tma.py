@@ -63,8 +63,7 @@ def main(argv=None):
     bf, cl = torch.bfloat16, torch.channels_last
 
     def timer(fn):
-        one = SC.graph_ms(h, fn, calls=1, reps=1)
-        return SC.graph_ms(h, fn, calls=max(1, min(20, int(2.0 / max(one, 1e-3)))), reps=args.reps)
+        return SC.graph_ms_fit(h, fn, args.reps)
 
     idx = [int(i) for i in args.rows.split(",") if i] or range(len(ROWS))
     rows = []

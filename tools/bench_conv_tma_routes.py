@@ -37,6 +37,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench_dgrad_tma import _descs  # noqa: E402 - bf16 NHWC descriptors of (n, c, k, h, r, pad, stride)
+
 
 SWITCH = {"1x1": "conv.TMA_1X1", "strided": "conv.FWD_TMA_STRIDED", "wide": "conv.FWD_TMA_WIDE", "few": "few",
           "wgrad": "conv.WGRAD_MM"}
@@ -50,25 +52,6 @@ def _switches(switch, mode):
     if switch == "few":
         return dict(FEW_ON) if mode else {}
     return {switch: mode}
-
-
-def _out(hh, r, pad, stride):
-    return (hh + 2 * pad - r) // stride + 1
-
-
-def _descs(n, c, k, hh, r=1, pad=0, stride=1):
-    import pydnn
-    bf = pydnn.PYDNN_DATA_BFLOAT16
-    p = _out(hh, r, pad, stride)
-    xd, yd = pydnn.create_tensor_descriptor(), pydnn.create_tensor_descriptor()
-    pydnn.set_tensor4d_descriptor(xd, pydnn.PYDNN_TENSOR_NHWC, bf, n, c, hh, hh)
-    pydnn.set_tensor4d_descriptor(yd, pydnn.PYDNN_TENSOR_NHWC, bf, n, k, p, p)
-    wd = pydnn.create_filter_descriptor()
-    pydnn.set_filter4d_descriptor(wd, bf, pydnn.PYDNN_TENSOR_NHWC, k, c, r, r)
-    conv = pydnn.create_convolution_descriptor()
-    pydnn.set_convolution2d_descriptor(conv, pad, pad, stride, stride, 1, 1, pydnn.PYDNN_CROSS_CORRELATION,
-                                       pydnn.PYDNN_DATA_FLOAT)
-    return conv, xd, wd, yd
 
 
 def _v7(h, d, conv, xd, wd, yd):
@@ -144,6 +127,7 @@ def main(argv=None):
     import torch
     import pydnn
     import sweep_common as SC
+    import sweep_conv
     from pydnn import tuning
     from pydnn.ops.convolution import conv_tma as CTMA, plans as CP, problem as CPb
 
@@ -153,8 +137,7 @@ def main(argv=None):
     bf, cl = torch.bfloat16, torch.channels_last
 
     def timer(fn):
-        one = SC.graph_ms(h, fn, calls=1, reps=1)
-        return SC.graph_ms(h, fn, calls=max(1, min(20, int(2.0 / max(one, 1e-3)))), reps=args.reps)
+        return SC.graph_ms_fit(h, fn, args.reps)
 
     table, looked = sweep_rows(h, args.set)
     switch = SWITCH[args.set]
@@ -172,7 +155,7 @@ def main(argv=None):
         name, d, n, c, k, hw, r, pad, stride = table[i]
         fwd = d == "fwd"
         D = {"fwd": CPb.DIR_FWD, "bwd data": CPb.DIR_BWD_DATA, "bwd filter": CPb.DIR_BWD_FILTER}[d]
-        p = _out(hw, r, pad, stride)
+        p = sweep_conv.out_hw(hw, r, stride, pad)
         row = dict(case=name, direction=d, flops=2.0 * n * k * p * p * c * r * r,
                    bytes=2.0 * (n * hw * hw * c + n * p * p * k + c * k * r * r))
         dev = SC.DEV
@@ -301,14 +284,14 @@ def main(argv=None):
     for key in keys:
         v = [r[key] for r in rows if r.get(key)]
         if v:
-            print(f"{key}: geomean {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)} "
+            print(f"{key}: geomean {SC.geomean(v):.3f} over {len(v)} "
                   f"(min {min(v):.3f}, max {max(v):.3f})")
     for label, pre in (("plain store", ["tma"] + [f"bn{b}" for b in bns]),
                        ("16-byte store", ["wide"] + [f"wide{b}" for b in bns])):
         v = [r["cudnn_ms"] / min(r[f"{x}_ms"] for x in pre if r.get(f"{x}_ms")) for r in rows
              if any(r.get(f"{x}_ms") for x in pre)]
         if v:
-            print(f"best width per row vs cuDNN, {label}: geomean {math.exp(sum(map(math.log, v)) / len(v)):.3f} "
+            print(f"best width per row vs cuDNN, {label}: geomean {SC.geomean(v):.3f} "
                   f"over {len(v)}")
     print(f"elapsed {time.monotonic() - t0:.1f} s")
     return rows

@@ -524,13 +524,7 @@ def run_ab_map(calls, rounds=5):
     import torch
 
     from pydnn._build import fastcall
-    from pydnn.ops import activation as A
-    from pydnn.ops import batchnorm as BN
-    from pydnn.ops import normalization as NM
-    from pydnn.ops import pooling as PO
-    from pydnn.ops import reduce as R
-    from pydnn.ops import softmax as S
-    from pydnn.ops import tensor_ops as T
+    from pydnn.ops import _elementwise as ew
 
     h = pydnn.create()
     pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
@@ -589,9 +583,7 @@ def run_ab_map(calls, rounds=5):
                 getattr(P, name)(*mk(b))
     forms = {}
     for name, mk in calls_of.items():
-        mod = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R,
-               "batch_normalization_forward_inference": BN, "norm_forward_inference": NM}.get(name, T)
-        py = getattr(mod, "_py_" + name)
+        py = getattr(ew._ENTRY_MODULES[name], "_py_" + name)
         for kind, b in (("int", ip), ("torch", t)):
             forms[f"{name} entry, {kind}"] = functools.partial(getattr(P, name), *mk(b))
             forms[f"{name} Python function, {kind}"] = functools.partial(py, *mk(b))

@@ -393,6 +393,12 @@ def gpu_timer(reps, warmup, slow_ms=50.0):
     return timer
 
 
+def graph_ms_fit(h, fn, reps, work_ms=2.0):
+    """graph_ms with about work_ms of calls a replay (a one-call graph first says how long a call is; 1-20 calls)."""
+    one = graph_ms(h, fn, calls=1, reps=1)
+    return graph_ms(h, fn, calls=max(1, min(20, int(work_ms / max(one, 1e-3)))), reps=reps)
+
+
 def graph_ms(h, fn, calls=20, reps=10):
     """Device milliseconds per call of `fn`, from a CUDA graph of `calls` back-to-back calls replayed `reps`
     times between events (median): the host's per-call cost, which time_ms includes when a kernel is

@@ -496,7 +496,7 @@ static PyObject *fc_act_fwd(PyObject *self, PyObject *const *args, Py_ssize_t na
    the Python function, which decides and reports errors as before. */
 /* MK_SETS sets of MK_WAYS slots a kind: a direct-mapped table of 16 let two of a step's call sites share a slot
    and evict each other by their addresses, so the CNN demo's step had 2 to 7 of its 10 transforms answered here
-   from one run to the next (session 34); four ways hold a set's sites unless five hash to it */
+   from one run to the next; four ways hold a set's sites unless five hash to it */
 #define MK_SETS 16
 #define MK_WAYS 4
 #define MK_SLOTS (MK_SETS * MK_WAYS)
@@ -1301,11 +1301,12 @@ class PkRec(ctypes.Structure):
                 ("ws_align", ctypes.c_uint32), ("decline", ctypes.c_uint32)]
 
 
-def plan_record(pl, ptr_offsets, params_type, flags_keep, flag_beta, congruent=False, isz=None, align=None,
+def plan_record(pl, ptr_fields, params_type, flags_keep, flag_beta, congruent=False, isz=None, align=None,
                 finish=None, flags_or=0, ws_need=0, ws_align=0, decline=False):
     """Set pl.crec (the address of a PkRec kept in pl.crec_obj; 0 where a kernel is not a driver function: a CPU
     handle's placeholders) for a plan whose launches' params are params_type structs with alpha / beta doubles
-    and a flags word; launches[0] serves pointers that pass the alignment (all 16-byte aligned, or congruent
+    and a flags word, the call's pointers written to its fields named ptr_fields (in the call's order); launches[0]
+    serves pointers that pass the alignment (all 16-byte aligned, or congruent
     with the second; align=2: the second alone), launches[-1] the others. isz: the element size every pointer
     must be a multiple of (pl.itemsize unless given; 0: none). finish(launch) -> (func, grid, block) of a second
     launch with the same parameters when that launch has one, else None (reduce's segmented rows). flags_or: bits
@@ -1319,7 +1320,7 @@ def plan_record(pl, ptr_offsets, params_type, flags_keep, flag_beta, congruent=F
         fins = [None if f is None else (int(f[0]),) + tuple(f[1:]) for f in fins]
     except (TypeError, ValueError):
         funcs = None
-    if funcs is not None and len(ptr_offsets) <= 4:
+    if funcs is not None and len(ptr_fields) <= 4:
         rec = PkRec()
         for i, (lc, f, fin) in enumerate(zip(ends, funcs, fins)):
             L = rec.l[i]
@@ -1331,9 +1332,9 @@ def plan_record(pl, ptr_offsets, params_type, flags_keep, flag_beta, congruent=F
         rec.nl = 2 if len(pl.launches) > 1 else 1
         rec.align = int(congruent) if align is None else align
         rec.isz = pl.itemsize if isz is None else isz
-        rec.nfield = len(ptr_offsets)
+        rec.nfield = len(ptr_fields)
         rec.flags_or, rec.ws_need, rec.ws_align, rec.decline = flags_or, ws_need, ws_align, int(decline)
-        rec.ptr_off[:len(ptr_offsets)] = list(ptr_offsets)
+        rec.ptr_off[:len(ptr_fields)] = [getattr(params_type, f).offset for f in ptr_fields]
         rec.alpha_off, rec.beta_off = params_type.alpha.offset, params_type.beta.offset
         rec.flags_off, rec.flags_keep, rec.flag_beta = params_type.flags.offset, flags_keep & 0xFFFFFFFF, flag_beta
     pl.crec_obj = rec

@@ -257,9 +257,12 @@ _fast_launch = None  # fastcall's pydnn_map_launch, set by _crec before any reco
 # the entry that called it keeps it in that call site's slot; None before (and without a compiled launch)
 note = None
 _entries_tried = False
-# fastcall.MAP_KINDS' numbers, spelled here for the callers' note
+# fastcall.MAP_KINDS' numbers, by name for the callers' note
 (K_ACT_BWD, K_ADD, K_SCALE, K_OP, K_TRANSFORM, K_SOFTMAX, K_POOL, K_REDUCE, K_BN_INFER, K_NORM_INFER, K_CONV_FWD,
- K_CONV_BWD_DATA, K_CONV_BWD_FILTER) = range(13)
+ K_CONV_BWD_DATA, K_CONV_BWD_FILTER) = (fastcall.MAP_KINDS[n] for n in (
+    "activation_backward", "add_tensor", "scale_tensor", "op_tensor", "transform_tensor", "softmax_forward",
+    "pooling_forward", "reduce_tensor", "batch_normalization_forward_inference", "norm_forward_inference",
+    "convolution_forward", "convolution_backward_data", "convolution_backward_filter"))
 
 
 def plan_entries(func):

@@ -908,7 +908,7 @@ def _note_fwd(pl):
     try:
         pl.crec
     except AttributeError:
-        fastcall.plan_record(pl, (0, 8, 16, 24), PoolParams, ~FLAG_BETA, FLAG_BETA)
+        fastcall.plan_record(pl, ("out", "x", "dy", "y"), PoolParams, ~FLAG_BETA, FLAG_BETA)
     ew.note(ew.K_POOL, pl, 1, False, False)
 
 

@@ -521,7 +521,7 @@ def _note(pl):
     try:
         pl.crec
     except AttributeError:
-        fastcall.plan_record(pl, (0, 8, 16), SoftmaxParams, FLAG_ROWS32, FLAG_BETA, pl.align == "congruent")
+        fastcall.plan_record(pl, ("out", "in0", "in1"), SoftmaxParams, FLAG_ROWS32, FLAG_BETA, pl.align == "congruent")
     ew.note(ew.K_SOFTMAX, pl, 1, False, False)
 
 

@@ -11,7 +11,6 @@ helper see a driver; launches do nothing), with tuning.callpath.C_LAUNCH on as a
   launch_args.
 Every `<lambda>` counted below the call's own two is a stand-in tensor method."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -118,9 +117,7 @@ def test_fast_paths_python_frames(tmp_path, monkeypatch):
         for case in (T._chain, T._matmul_gelu):
             g, _ = case(B.cpu_handle())
             g.build_operation_graph().create_execution_plans().build_plans()
-    d = bench_host_cpu.fake_libcuda_dir()
-    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(x for x in (d, os.environ.get("LD_LIBRARY_PATH")) if x),
-               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    env = bench_host_cpu.stand_in_env(ROOT)
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools"), str(ROOT / "tests" / "graph")],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -53,6 +53,16 @@ def case_descs(P, n, c, k, hw, r, dt, fmt, pad):
     return xd, wd, yd, cd, (dt, fmt, k, c, r, r)
 
 
+NAME = {"fwd": "convolution_forward", "bwd_data": "convolution_backward_data",
+        "bwd_filter": "convolution_backward_filter"}
+
+
+def operands(dname, xd, wd, yd):
+    """The call's descriptors of its a, b and out buffers: forward (x, w, y), backward data (w, dy, dx), backward
+    filter (x, dy, dw)."""
+    return {"fwd": (xd, wd, yd), "bwd_data": (wd, yd, xd), "bwd_filter": (xd, yd, wd)}[dname]
+
+
 def workspace_size(P, h, dname, algo, xd, wd, yd, cd):
     if dname == "fwd":
         return P.get_convolution_forward_workspace_size(h, xd, wd, cd, yd, algo)
@@ -66,7 +76,7 @@ import ctypes, json, sys
 sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, sys.argv[3])
 CASES = json.loads(sys.argv[2])
-from test_conv_entry_cpu import case_descs, workspace_size
+from test_conv_entry_cpu import NAME, case_descs, operands, workspace_size
 import bench_host as B, bench_host_cpu as C
 import pydnn as P
 from pydnn import buffers, tuning
@@ -93,8 +103,6 @@ P.activation_forward(h, ad, 1.0, d1, TL(q[0], 16), 0.0, d1, TL(q[1], 16))
 assert buffers.TORCH_TENSOR is TL
 lib = fastcall._state["lib"]
 K = fastcall.MAP_KINDS
-NAME = {"fwd": "convolution_forward", "bwd_data": "convolution_backward_data",
-        "bwd_filter": "convolution_backward_filter"}
 DIRS = {"fwd": DIR_FWD, "bwd_data": DIR_BWD_DATA, "bwd_filter": DIR_BWD_FILTER}
 assert all(type(getattr(P, n)).__name__ == "Entry" for n in NAME.values()), "the entries were not published"
 out, info = {}, {}
@@ -135,7 +143,7 @@ for label, dname, algo, shape in CASES:
     # the call's (a, b, out) buffers by argument: forward (x, w, y), backward data (w, dy, dx), backward filter
     # (x, dy, dw)
     spans = {"fwd": (sx, sw, sy), "bwd_data": (sw, sy, sx), "bwd_filter": (sx, sy, sw)}[dname]
-    dd = {"fwd": (xd, wd, yd), "bwd_data": (wd, yd, xd), "bwd_filter": (xd, yd, wd)}[dname]
+    dd = operands(dname, xd, wd, yd)
     bufs = [addr(s + 64)[0] for s in spans]
     wsb = addr(max(ws_size, 16) + 256)[0]
     info[label] = {"fold": type(pl.fold).__name__, "align": pl.align, "pair_ok": bool(pl.pair_ok),
@@ -227,10 +235,8 @@ def test_conv_entries_answer_what_the_cached_paths_answer(tmp_path, monkeypatch)
             xd, wd, yd, cd, _ = case_descs(P, *shape)
             ws, p = 1 << 40, [(i + 1) << 32 for i in range(3)]
             wsz = workspace_size(P, h, dname, algo, xd, wd, yd, cd)
-            a, b, out = {"fwd": (xd, wd, yd), "bwd_data": (wd, yd, xd), "bwd_filter": (xd, yd, wd)}[dname]
-            getattr(P, {"fwd": "convolution_forward", "bwd_data": "convolution_backward_data",
-                        "bwd_filter": "convolution_backward_filter"}[dname])(
-                h, 1.0, a, p[0], b, p[1], cd, algo, ws, wsz, 0.0, out, p[2])
+            a, b, out = operands(dname, xd, wd, yd)
+            getattr(P, NAME[dname])(h, 1.0, a, p[0], b, p[1], cd, algo, ws, wsz, 0.0, out, p[2])
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools"), json.dumps(CASES), str(Path(__file__).parent)],
                        capture_output=True, text=True, env=bench_host_cpu.stand_in_env(ROOT), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -72,13 +72,12 @@ from pydnn.ops import softmax as S
 from pydnn.ops import normalization as NM
 
 BNI, NMI = "batch_normalization_forward_inference", "norm_forward_inference"
-MODS = {"activation_backward": A, "softmax_forward": S, "pooling_forward": PO, "reduce_tensor": R, BNI: BN, NMI: NM}
 CAPTURE = {"softmax_forward": ctypes.sizeof(S.SoftmaxParams), "pooling_forward": ctypes.sizeof(PO.PoolParams),
            "reduce_tensor": ctypes.sizeof(R.ReduceParams), BNI: ctypes.sizeof(BN.BnParams),
            NMI: ctypes.sizeof(NM.NormParams)}
 
 def py_of(name):
-    return getattr(MODS.get(name, T), "_py_" + name)
+    return getattr(ew._ENTRY_MODULES[name], "_py_" + name)
 
 def both(label, name, args, **kw):
     """(answered from a slot: 0 / 1, launches through the public name, launches through the Python function)"""
@@ -314,7 +313,7 @@ ANSWERED = {"ints", "torch", "torch again", "misaligned", "beta", "ints again", 
             "ws again", "bn again", "bn scale torch", "bn after", "norm again", "norm bias None",
             "norm bias 0", "norm bias torch", "norm after", "scaled again", "convert again", "convert scaled", "convert scaled again",
             "convert copy scalars again", "after tuning again", "back to the first", "norm same site"}
-# Every site keeps its slot (four ways a set: session 34; direct-mapped, two sites of a kind could share a slot and
+# Every site keeps its slot (four ways a set; direct-mapped, two sites of a kind could share a slot and
 # these cases were either). "copy" and "bn same site" are declined: a later family's "descriptor set again" moved the
 # records' generation since their site's last call; "back to the first" and "norm same site" are answered.
 # batch norm's misaligned pointers take another tier's launch, answered only once the Python function loaded it

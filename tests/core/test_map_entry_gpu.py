@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 
 import pydnn as P
-from pydnn.ops import activation as A
-from pydnn.ops import tensor_ops as T
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -80,7 +78,9 @@ def _kinds(th):
 
 
 def _python_fn(name):
-    return getattr(A if name == "activation_backward" else T, "_py_" + name)
+    from pydnn.ops import _elementwise as ew
+
+    return getattr(ew._ENTRY_MODULES[name], "_py_" + name)
 
 
 @pytest.mark.parametrize("name", ["activation_backward", "add_tensor", "scale_tensor", "op_tensor",
@@ -259,11 +259,7 @@ def test_plan_entries_results(th, name):
     assert e.value.status == P.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER
 
 
-def _python_fn_plan(name):
-    from pydnn.ops import pooling as PO
-    from pydnn.ops import softmax as S
-
-    return getattr(S if name == "softmax_forward" else PO, "_py_" + name)
+_python_fn_plan = _python_fn
 
 
 @pytest.mark.parametrize("n", [1000, 65536])

@@ -7,7 +7,6 @@ and with misaligned pointers (the scalar form) through patch_launch (tuning.call
 through driver.launch_args (off): the same function, grid, block, shared memory, stream and parameter bytes
 each time, and the compiled path really used (one C call, no launch_args)."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -88,9 +87,7 @@ def test_patch_launch_equals_the_python_launch(tmp_path, monkeypatch):
     with B.no_launch():
         g, _ = T._chain(B.cpu_handle())
         g.build_operation_graph().create_execution_plans().build_plans()
-    d = bench_host_cpu.fake_libcuda_dir()
-    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(x for x in (d, os.environ.get("LD_LIBRARY_PATH")) if x),
-               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    env = bench_host_cpu.stand_in_env(ROOT)
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools"), str(ROOT / "tests" / "graph")],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

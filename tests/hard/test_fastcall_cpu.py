@@ -4,7 +4,6 @@ child process (LD_LIBRARY_PATH must be set before the start). Every family's che
 plans launch the same kernels with the same grids, blocks, shared memory, stream and parameter bytes with
 tuning.callpath.C_LAUNCH on (map_launch / launch_items) as off (driver.launch_args, cuda.bindings)."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -69,9 +68,7 @@ def test_compiled_launches_equal_the_python_ones(tmp_path):
     pytest.importorskip("cuda.bindings")
     import bench_host_cpu
 
-    d = bench_host_cpu.fake_libcuda_dir()
-    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(x for x in (d, os.environ.get("LD_LIBRARY_PATH")) if x),
-               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x))
+    env = bench_host_cpu.stand_in_env(ROOT)
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "tools")], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

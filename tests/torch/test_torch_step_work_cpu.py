@@ -132,7 +132,7 @@ def test_step_runs_the_fast_paths(counts):
 
     assert transforms(r) == 10, (n.get("transform_tensor"), r["entry"])
     if r["entry"]:  # the compiled entries built: each of the step's ten call sites keeps its slot (four ways a set;
-        # direct-mapped, two to seven of them were answered, by the objects' addresses: session 34)
+        # direct-mapped, two to seven of them were answered, by the objects' addresses)
         assert r["entry"]["transform_tensor"] == 10 and counts["nhwc_off"]["entry"]["transform_tensor"] == 6, (
             r["entry"], counts["nhwc_off"]["entry"])
     assert transforms(counts["lean_off"]) == 4

@@ -89,15 +89,18 @@ def _ws_fast(pl, work_space, need):
     return None
 
 
-def _remember(handle, key, pl, spans):
+def _remember(handle, key, pl, spans, kind=None):
+    """Keep the call record; a convolution's (kind: its compiled entry's) notes a one-launch plan for the entry."""
     if key is not None:
         handle.remember(key, (pl, pl.itemsize) + spans)
+        if kind is not None and type(pl) is Plan and (_ew.note is not None or not _ew._entries_tried):
+            _note(kind, pl, _need(kind, spans))
 
 
-# The compiled entries (tuning.callpath.C_ENTRY_MAP; pydnn/_build/fastcall.py's kinds 10-12, cv_core): a cached call
-# that ran a one-launch Plan notes it, and the entry that called it keeps the record in that call site's slot, so the
-# site's next call is checked and launched in C. Measured on tools/bench_host_cpu.py's stand-in (session 34): the
-# 1x1 implicit-GEMM forward 2.16 us a call with int pointers (7 Python calls) before.
+# The compiled entries (tuning.callpath.C_ENTRY_MAP; pydnn/_build/fastcall.py's kinds 10-12, cv_core): a call that ran
+# a one-launch Plan notes it, and the entry that called it keeps the record in that call site's slot, so the site's
+# next call is checked and launched in C (the Python cached path: 7 Python calls, ~2 us on the stand-in host;
+# tools/PERF.md).
 class _ConvNote:
     """A call record's C twin: crec (the address of crec_obj, fastcall.CvRec), need (the spans in the plan's order:
     its a, b and out)."""
@@ -105,55 +108,40 @@ class _ConvNote:
 
 
 def _note(kind, pl, need):
-    """Note pl for the compiled entry that called (its call site's slot); a plan without a C record (a StepPlan, a
-    split fwd_wgmma's fold, a CPU handle's placeholder kernels) is not noted: the Python function keeps answering."""
-    if type(pl) is not Plan or pl.gemm_func is None:
-        return
-    if not _ew._entries_tried:  # the compiled entries, where no element-wise record set them up yet
-        _ew.plan_entries(pl.gemm_func)
-    if _ew.note is None:
-        return
+    """Note pl for the compiled entry that called (its call site's slot); a plan without a C record (a split
+    fwd_wgmma's fold, a CPU handle's placeholder kernels) is not noted: the Python function keeps answering. Never
+    raises (an optimisation: a cached call that failed here would run again in the full function)."""
     try:
-        notes = pl.cnotes
-    except AttributeError:
-        notes = pl.cnotes = {}
-    n = notes.get(need, False)
-    if n is False:
-        rec = _fastcall.conv_record(pl, ConvAuxParams, FLAG_BETA, FLAG_PAIR)
-        n = None
-        if rec is not None:
-            n = _ConvNote()
-            n.crec_obj, n.crec, n.need = rec, ctypes.addressof(rec), need
-        notes[need] = n
-    if n is not None:
-        _ew.note(kind, n, 2, False, False)
+        if pl.gemm_func is None:
+            return
+        if not _ew._entries_tried:  # the compiled entries, where no element-wise record set them up yet
+            _ew.plan_entries(pl.gemm_func)
+        if _ew.note is None:
+            return
+        try:
+            notes = pl.cnotes
+        except AttributeError:
+            notes = pl.cnotes = {}
+        n = notes.get(need, False)
+        if n is False:
+            rec = _fastcall.conv_record(pl, ConvAuxParams, FLAG_BETA, FLAG_PAIR)
+            n = None
+            if rec is not None:
+                n = _ConvNote()
+                n.crec_obj, n.crec, n.need = rec, ctypes.addressof(rec), need
+            notes[need] = n
+        if n is not None:
+            _ew.note(kind, n, 2, False, False)
+    except Exception:  # noqa: BLE001 - nothing noted; the Python function keeps answering this site
+        pass
 
 
-def _note_full(kind, tag, args):
-    """After the full function answered a 13-argument call: note its call record, when it left one."""
-    if _ew.note is None and _ew._entries_tried:
-        return
-    try:
-        h, a_desc, b_desc, conv, algo, out_desc = args[0], args[2], args[4], args[6], args[7], args[11]
-        if kind == _ew.K_CONV_FWD:  # (x, w, y)
-            x_desc, w_desc, y_desc = a_desc, b_desc, out_desc
-        elif kind == _ew.K_CONV_BWD_DATA:  # (w, dy, dx)
-            x_desc, w_desc, y_desc = out_desc, a_desc, b_desc
-        else:  # (x, dy, dw)
-            x_desc, w_desc, y_desc = a_desc, out_desc, b_desc
-        rec = h.prepared.get(_call_key(tag, algo, conv, x_desc, w_desc, y_desc))
-    except Exception:  # noqa: BLE001 - an optimisation: nothing noted
-        return
-    if rec is not None:
-        _note(kind, rec[0], _need(kind, rec))
-
-
-def _need(kind, rec):
-    """A call record's spans in its plan's order (a, b, out): forward (x, w, y), backward data (dy, w, dx), backward
-    filter (dy, x, dw)."""
+def _need(kind, spans):
+    """A call record's spans (the call's buffers in argument order) in its plan's order (a, b, out): forward (x, w, y),
+    backward data (dy, w, dx), backward filter (dy, x, dw)."""
     if kind == _ew.K_CONV_FWD:
-        return rec[2], rec[3], rec[4]
-    return rec[3], rec[2], rec[4]
+        return spans
+    return spans[1], spans[0], spans[2]
 
 
 @api
@@ -174,7 +162,7 @@ def convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, wo
     yp = element_aligned(device_ptr(y, "y", spans[2]), "y", it)
     run_plan(handle, pl, xp, wp, yp, ws, al, be)
     if type(algo) is int and tuning.callpath.CALL_RECORDS:
-        _remember(handle, _call_key(_K_FWD, algo, conv_desc, x_desc, w_desc, y_desc), pl, spans)
+        _remember(handle, _call_key(_K_FWD, algo, conv_desc, x_desc, w_desc, y_desc), pl, spans, _ew.K_CONV_FWD)
 
 
 _convolution_forward = convolution_forward  # the full function (api-wrapped: errors are named after it)
@@ -207,14 +195,11 @@ def convolution_forward(*args, **kwargs):  # noqa: F811 - the public entry in fr
                               else None)
                         if ws is not None:
                             run_plan(handle, pl, xp, wp, yp, ws, alpha, beta)
-                            if _ew.note is not None:  # the compiled entry keeps this call site (_note)
-                                _note(_ew.K_CONV_FWD, pl, _need(_ew.K_CONV_FWD, rec))
+                            if _ew.note is not None and type(pl) is Plan:  # the compiled entry keeps the site
+                                _note(_ew.K_CONV_FWD, pl, _need(_ew.K_CONV_FWD, rec[2:]))
                             return None
         except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
             pass
-        r = _convolution_forward(*args)
-        _note_full(_ew.K_CONV_FWD, _K_FWD, args)
-        return r
     return _convolution_forward(*args, **kwargs)
 
 
@@ -234,7 +219,8 @@ def convolution_backward_data(handle, alpha, w_desc, w, dy_desc, dy, conv_desc, 
     dxp = element_aligned(device_ptr(dx, "dx", spans[2]), "dx", it)
     run_plan(handle, pl, dyp, wp, dxp, ws, al, be)
     if type(algo) is int and tuning.callpath.CALL_RECORDS:
-        _remember(handle, _call_key(_K_BWD_DATA, algo, conv_desc, dx_desc, w_desc, dy_desc), pl, spans)
+        _remember(handle, _call_key(_K_BWD_DATA, algo, conv_desc, dx_desc, w_desc, dy_desc), pl, spans,
+                  _ew.K_CONV_BWD_DATA)
 
 
 _convolution_backward_data = convolution_backward_data  # the full function (api-wrapped: errors are named after it)
@@ -266,14 +252,11 @@ def convolution_backward_data(*args, **kwargs):  # noqa: F811 - the public entry
                               else None)
                         if ws is not None:
                             run_plan(handle, pl, dyp, wp, dxp, ws, alpha, beta)
-                            if _ew.note is not None:  # the compiled entry keeps this call site (_note)
-                                _note(_ew.K_CONV_BWD_DATA, pl, _need(_ew.K_CONV_BWD_DATA, rec))
+                            if _ew.note is not None and type(pl) is Plan:  # the compiled entry keeps the site
+                                _note(_ew.K_CONV_BWD_DATA, pl, _need(_ew.K_CONV_BWD_DATA, rec[2:]))
                             return None
         except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
             pass
-        r = _convolution_backward_data(*args)
-        _note_full(_ew.K_CONV_BWD_DATA, _K_BWD_DATA, args)
-        return r
     return _convolution_backward_data(*args, **kwargs)
 
 
@@ -293,7 +276,8 @@ def convolution_backward_filter(handle, alpha, x_desc, x, dy_desc, dy, conv_desc
     dwp = element_aligned(device_ptr(dw, "dw", spans[2]), "dw", it)
     run_plan(handle, pl, dyp, xp, dwp, ws, al, be)
     if type(algo) is int and tuning.callpath.CALL_RECORDS:
-        _remember(handle, _call_key(_K_BWD_FILTER, algo, conv_desc, x_desc, dw_desc, dy_desc), pl, spans)
+        _remember(handle, _call_key(_K_BWD_FILTER, algo, conv_desc, x_desc, dw_desc, dy_desc), pl, spans,
+                  _ew.K_CONV_BWD_FILTER)
 
 
 _convolution_backward_filter = convolution_backward_filter  # the full function (api-wrapped: errors are named after it)
@@ -325,14 +309,11 @@ def convolution_backward_filter(*args, **kwargs):  # noqa: F811 - the public ent
                               else None)
                         if ws is not None:
                             run_plan(handle, pl, dyp, xp, dwp, ws, alpha, beta)
-                            if _ew.note is not None:  # the compiled entry keeps this call site (_note)
-                                _note(_ew.K_CONV_BWD_FILTER, pl, _need(_ew.K_CONV_BWD_FILTER, rec))
+                            if _ew.note is not None and type(pl) is Plan:  # the compiled entry keeps the site
+                                _note(_ew.K_CONV_BWD_FILTER, pl, _need(_ew.K_CONV_BWD_FILTER, rec[2:]))
                             return None
         except Exception:  # noqa: BLE001 - the full function below repeats the call and reports any error
             pass
-        r = _convolution_backward_filter(*args)
-        _note_full(_ew.K_CONV_BWD_FILTER, _K_BWD_FILTER, args)
-        return r
     return _convolution_backward_filter(*args, **kwargs)
 
 

@@ -19,7 +19,7 @@ from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
 from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, register, round_up
-from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, TC_TAGS, ConvAuxParams
+from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, TC_TAGS, ConvAuxParams, packed_nhwc
 
 SOURCE = "conv_narrow.cu"
 MAX_K = 7      # K < 8: where the tensor-core paths refuse (K % 8) or run an n8 MMA mostly empty
@@ -53,18 +53,6 @@ def exprs(tag):
 
 for _t in TC_TAGS:
     add_kernels(unit(_t), SOURCE, exprs(_t))
-
-
-def packed_nhwc(strides, dims_c, spatial):
-    """Whether 5 strides (n, c, d, h, w) are a packed NHWC layout of (c, *spatial) (size-1 dims free)."""
-    if strides[1] != 1 and dims_c > 1:
-        return False
-    step = dims_c
-    for st, size in zip(reversed(strides[2:]), reversed(spatial)):
-        if size > 1 and st != step:
-            return False
-        step *= size
-    return True
 
 
 def refusal(pb):

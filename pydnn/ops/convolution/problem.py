@@ -323,6 +323,18 @@ def _pad3(t, fill):
     return (fill,) * (3 - len(t)) + tuple(t)
 
 
+def packed_nhwc(strides, dims_c, spatial):
+    """Whether 5 strides (n, c, d, h, w) are a packed NHWC layout of (c, *spatial) (size-1 dims free)."""
+    if strides[1] != 1 and dims_c > 1:
+        return False
+    step = dims_c
+    for st, size in zip(reversed(strides[2:]), reversed(spatial)):
+        if size > 1 and st != step:
+            return False
+        step *= size
+    return True
+
+
 def strides5(strides):
     """(n, c, d, h, w) strides of a 3-to-5-dim tensor (missing spatial dims get stride 0: size 1)."""
     s = tuple(strides)

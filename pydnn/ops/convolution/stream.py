@@ -12,9 +12,8 @@ to four k16 steps that move 2 (C + K) bytes a pixel, and one tile a block cannot
 next tile's loads (~1.1 TB/s either route, tools/PERF.md session 26). The kernel keeps the filter in shared
 memory and walks 64-pixel tiles through a 4-deep cp.async ring.
 
-Behind tuning.conv.STREAM_1X1 (off): written in session 34 without a GPU (compiled for sm_80 / sm_90, launches
-checked on the CPU); its GPU tests (tests/ops/convolution/test_conv_stream_gpu.py) and tools/bench_conv1x1.py's
-`stream` route decide whether it goes on.
+Behind tuning.conv.STREAM_1X1 (off until its GPU tests, tests/ops/convolution/test_conv_stream_gpu.py, and
+tools/bench_conv1x1.py's `stream` route have run on a GPU).
 
 Model (Get..._v7): the bytes moved at DRAM_GBPS over the filled part of a wave.
 """
@@ -24,9 +23,8 @@ from ..._cuda import driver
 from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
-from .narrow import packed_nhwc
 from .plans import StepPlan, add_kernels, base_params, register
-from .problem import DIR_BWD_DATA, DIR_FWD, TC_TAGS
+from .problem import DIR_BWD_DATA, DIR_FWD, TC_TAGS, packed_nhwc
 
 SOURCE = "conv_stream.cu"
 THREADS = 256
@@ -75,6 +73,8 @@ def refusal(pb, direction):
     """Why the streaming kernels do not serve pb in `direction` (None: they do)."""
     if pb.tag not in TC_TAGS:
         return "not half / bfloat16"
+    if pb.math_type == E.PYDNN_FMA_MATH:
+        return "FMA math (tensor cores)"
     if pb.groups != 1:
         return "groups"
     if any(f != 1 for f in pb.filt3) or any(s != 1 for s in pb.stride3) or any(pb.pad3):
@@ -88,6 +88,8 @@ def refusal(pb, direction):
         return "x / y not packed NHWC"
     if pb.ws[0] != pb.c or (pb.c > 1 and pb.ws[1] != 1):
         return "the filter not packed (K, C)"
+    if pb.n * prod(pb.in3) > 2**31 - 1:
+        return "more than 2^31 - 1 pixels (ConvParams.gm)"
     return None
 
 
@@ -116,11 +118,11 @@ class StreamPlan(StepPlan):
 
     def launch(self, handle, a_ptr, b_ptr, out_ptr, ws_ptr, alpha, beta, z_ptr=0, bias_ptr=0):
         """forward: a = x, b = w, out = y; backward data: a = dy, b = w, out = dx."""
-        for ptr, what in ((a_ptr, "the input"), (b_ptr, "w"), (out_ptr, "the output")):
-            if ptr % 16:
-                raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
-                                 f"the streaming 1x1 kernels move {what} in 16-byte vectors: {ptr:#x} is not "
-                                 f"16-byte aligned")
+        if (a_ptr | b_ptr | out_ptr) & 15:
+            what, ptr = next(wp for wp in (("the input", a_ptr), ("w", b_ptr), ("the output", out_ptr)) if wp[1] & 15)
+            raise PydnnError(E.PYDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                             f"the streaming 1x1 kernels move {what} in 16-byte vectors: {ptr:#x} is not 16-byte "
+                             f"aligned")
         if self.gemm_func is None:
             from .grouped_direct import load_function
             self.gemm_func = load_function(handle, self.unit, self.gemm_expr, self.smem)

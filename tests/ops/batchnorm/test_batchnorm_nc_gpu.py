@@ -259,7 +259,7 @@ def test_nc_reproducible(handle, rng):
                                          ((36, 33, 2, 2), "nhwc"), ((3, 50, 7, 7), "nhwc")])
 @_dt(F32, BF16)
 @pytest.mark.parametrize("wave,sms", [(False, None), (True, None), (True, 2)])
-def test_gen_tiny(handle, dims, layout, dtype, wave, sms, rng, launched, monkeypatch):
+def test_gen_tiny(handle, dims, layout, dtype, wave, sms, rng, launched, monkeypatch, request):
     """GEN_TINY: tiny training / backward calls (Ex too) take the single gen launch; GEN_WAVE's blocks (on 2 SMs,
     the handle's count lowered: fewer threads than rows, up to kUnroll rows a thread in flight)."""
     monkeypatch.setattr(tuning.batchnorm, "GEN_TINY", 32768)
@@ -267,6 +267,7 @@ def test_gen_tiny(handle, dims, layout, dtype, wave, sms, rng, launched, monkeyp
     if sms is not None:
         monkeypatch.setattr(handle, "sm_count", sms)
         G._forget_bn_plans(handle)
+        request.addfinalizer(lambda: G._forget_bn_plans(handle))   # (no 2-SM plan left on the shared handle)
     t = G._train(handle, SPATIAL, dims, layout, dtype, rng)
     assert launched[-1] == [("fwd_fused_gen", None)]
     G._backward(handle, t, dtype, SPATIAL, rng, saved=True)
@@ -275,5 +276,3 @@ def test_gen_tiny(handle, dims, layout, dtype, wave, sms, rng, launched, monkeyp
     assert launched[-1] == [("fwd_fused_gen", None)]
     G._backward(handle, t, dtype, SPATIAL, rng, saved=False, ex_ops=OPS_ACT)
     assert launched[-1] == [("bwd_fused_gen", None)]
-    if sms is not None:
-        G._forget_bn_plans(handle)

@@ -17,13 +17,11 @@ from pydnn.reference import convolution as ref
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core"))
 from devtensor import assert_close  # noqa: E402
-from test_conv_entry_cpu import CASES, case_descs, workspace_size  # noqa: E402
+from test_conv_entry_cpu import CASES, NAME, case_descs, operands, workspace_size  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
-NAME = {"fwd": "convolution_forward", "bwd_data": "convolution_backward_data",
-        "bwd_filter": "convolution_backward_filter"}
 
 
 @pytest.fixture
@@ -66,7 +64,7 @@ def _from(t, fmt):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_conv_entry_results(th, case):
+def test_conv_entry_results(th, rng, case):
     lib, kinds = _lib(th)
     label, dname, algo, (n, c, k, hw, r, dt, fmt, pad) = case
     name = NAME[dname]
@@ -76,7 +74,6 @@ def test_conv_entry_results(th, case):
     xd, wd, yd, cd, _ = case_descs(P, n, c, k, hw, r, dt, fmt, pad)
     wsz = workspace_size(P, th, dname, algo, xd, wd, yd, cd)
     ws = torch.empty(max(wsz, 1), dtype=torch.uint8, device="cuda")
-    rng = np.random.default_rng()
     k_id = kinds[name]
     hits = 0
     for rep, (al, be, as_int) in enumerate(((1.0, 0.0, False), (1.0, 0.0, False), (0.5, 0.0, True),
@@ -104,7 +101,7 @@ def test_conv_entry_results(th, case):
         ref_out = al * want_raw + be * (before if be else 0.0)
         scale = abs(al) * scale_raw + abs(be) * np.abs(before if be else 0.0)
         bufs = [t.data_ptr() if as_int else t for t in (*ins, out)]
-        args = (th, al, _desc(dname, 0, xd, wd, yd), bufs[0], _desc(dname, 1, xd, wd, yd), bufs[1], cd, algo,
+        args = (th, al, operands(dname, xd, wd, yd)[0], bufs[0], operands(dname, xd, wd, yd)[1], bufs[1], cd, algo,
                 ws.data_ptr() if as_int else ws, wsz, be, out_desc, bufs[2])
         h0 = lib.map_stats()[0][k_id]
         getattr(P, name)(*args)
@@ -128,7 +125,3 @@ def _store(dims, fmt):
     n, c, h, w = dims
     return (n, h, w, c) if fmt == "NHWC" else (n, c, h, w)
 
-
-def _desc(dname, i, xd, wd, yd):
-    """The call's descriptor of its i-th buffer: forward (x, w), backward data (w, dy), backward filter (x, dy)."""
-    return {"fwd": (xd, wd), "bwd_data": (wd, yd), "bwd_filter": (xd, yd)}[dname][i]

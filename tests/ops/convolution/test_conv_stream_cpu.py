@@ -25,9 +25,9 @@ FWD1, BWD_D1 = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, pydnn.PYD
 DIRS = ((Pb.DIR_FWD, FWD1), (Pb.DIR_BWD_DATA, BWD_D1))
 
 
-def _descs(n, c, k, hw, dtype=BF16, nhwc=True, filt=1, pad=0, stride=1, groups=1):
+def _descs(n, c, k, hw, dtype=BF16, nhwc=True, filt=1, pad=0, stride=1, groups=1, math=pydnn.PYDNN_TENSOR_OP_MATH):
     p = (dtype, nhwc, True, n, c, k, groups, list(hw), [filt] * len(hw), [pad] * len(hw), [stride] * len(hw),
-         [1] * len(hw), XCORR, pydnn.PYDNN_TENSOR_OP_MATH)
+         [1] * len(hw), XCORR, math)
     return descriptors(p)
 
 
@@ -60,7 +60,9 @@ def test_where_the_stream_kernels_serve(on):
                       ((8, 64, 60, (16, 16)), "output channels 60"), ((8, 64, 64, (16, 16), BF16, False), "packed NHWC"),
                       ((8, 64, 64, (16, 16), F32), "half"), ((8, 64, 64, (16, 16), BF16, True, 3, 1), "1x1"),
                       ((8, 64, 64, (16, 16), BF16, True, 1, 0, 2), "1x1"),
-                      ((8, 64, 64, (16, 16), BF16, True, 1, 0, 1, 2), "groups")):
+                      ((8, 64, 64, (16, 16), BF16, True, 1, 0, 1, 2), "groups"),
+                      ((8, 64, 64, (16, 16), BF16, True, 1, 0, 1, 1, pydnn.PYDNN_FMA_MATH), "FMA math"),
+                      ((2**31 // 64 + 1, 16, 16, (8, 8)), "2^31")):
         conv, x, w, y = _descs(*args)
         assert why in S.refusal(Pb.problem(conv, x, w, y), Pb.DIR_FWD)
     conv, x, w, y = _descs(32, 64, 64, (56, 56))

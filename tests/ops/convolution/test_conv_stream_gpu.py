@@ -3,7 +3,7 @@ the GPU against the float64 reference: forward (IMPLICIT_PRECOMP_GEMM; the fused
 backward data (ALGO_1), for reductions of 8 .. 128 (one to eight k16 steps, tails zero-filled), output sides of 8 ..
 400 (each NT tile, tails masked; column chunks past 256), pixel counts that leave a partial 64-row tile, grids of fewer blocks than tiles
 (the ring walking several) and the issue's worst layer (N32 64 -> 64 @56); bf16 and fp16, alpha / beta, outputs
-poisoned; the plan taken is the streaming one. Written in session 34 without a GPU: not yet run."""
+poisoned; the plan taken is the streaming one."""
 import numpy as np
 import pytest
 
