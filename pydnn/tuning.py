@@ -249,11 +249,14 @@ conv = Switches(
     NARROW_1X1=(True, "1x1 stride-1 unpadded convolutions with K <= 8 output channels (8 <= C <= 256, packed NHWC, "
                       "16-bit): memory-bound streams (narrow.py) ranked by the model; the UNet head 64 -> 2 ran "
                       "the CUDA-core implicit GEMM at 0.05-0.08x cuDNN (issue 18's sweep)"),
-    STREAM_1X1=(False, "1x1 stride-1 unpadded 16-bit convolutions with a short reduction (forward C, backward data "
-                       "K: a multiple of 8 up to 128; the other side up to 512; packed NHWC) as persistent "
-                       "tensor-core streams (stream.py: the filter in shared memory, 64-pixel tiles through a "
-                       "4-deep cp.async ring); off until GPU-measured (not yet run on a GPU): "
-                       "implicit_gemm_pipe_tc / fwd_tma ran these at 0.27-0.54x cuDNN (issue 18's sweep)"),
+    STREAM_1X1=(True, "1x1 stride-1 unpadded 16-bit convolutions with a short reduction (forward C, backward data "
+                      "K: a multiple of 8 up to 128; the other side up to 512, on sm_90 up to 128 where the reduction "
+                      "is >= matmul.WG_PERSIST_MIN_K: stream.wgmma_takes; packed NHWC) as persistent tensor-core "
+                      "streams (stream.py: the filter in shared memory, 64-pixel tiles through a 4-deep cp.async "
+                      "ring). H200, the whole sweep with it on: its 14 1x1 rows 0.54-1.14x cuDNN where "
+                      "implicit_gemm_pipe_tc / fwd_tma ran 0.27-1.12x (N32 64 -> 64 forward 0.27 -> 0.62, 32 -> 400 "
+                      "0.40 -> 0.90, 40 -> 280 0.32 -> 0.79), and the sub-plans of the UNet's 3x3 3 -> 64 "
+                      "(0.52-0.62 -> 0.78-1.31)"),
     GROUPED_DIRECT=(True, "grouped convolutions with C/g == K/g in 4..32 (ResNeXt's grouped 3x3): forward and "
                           "stride-1 backward data on the direct tensor-core kernel (grouped_direct.py: one "
                           "launch over all groups, the halo read once, block-diagonal MMAs only) before "
@@ -559,6 +562,9 @@ matmul = Switches(
     WG_PERSIST=(True, 'sm_90: the 128x256 wgmma tile runs persistent (gemm_wgmma_p: one wave of blocks, the '
                       "K loop running on into the next tile's first K tiles), for plain and fused (graph) GEMMs; "
                       'False: one block per tile (gemm_wgmma); the reasons: pydnn/ops/matmul.py'),
+    WG_PERSIST_MIN_K=(64, 'sm_90: the shortest reduction K for which the chooser considers the persistent 128x256 '
+                          'wgmma tile (WG_PERSIST; the one-block-a-tile wgmma tiles keep K >= WG_MIN_K); the '
+                          'reasons: pydnn/ops/matmul.py at WG_MIN_K'),
     SPLIT_K=(True, 'sm_90: plans made with split_k=True (pydnn.matmul) cut a long K into splits when the '
                    '128x256 tiles fill less than 3/4 of a wave (gemm_wgmma_s + splitk_reduce, a plan-owned '
                    'workspace); the reasons: pydnn/ops/matmul.py at WG_SPLIT_TILE'),

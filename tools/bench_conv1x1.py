@@ -298,12 +298,13 @@ def main(argv=None):
                     routes += [("stream", routes[0][1], {"conv.STREAM_1X1": True})]
             if r == 1 and s == 1 and (c if d == "fwd" else k) < 512 and hasattr(mm_mod, "WG_MIN_K"):
                 # matmul's wgmma tiles for a short K too (its chooser takes them from K >= 512): for the gemm helper
-                routes += [("gemm_wgK", routes[1][1], {"matmul.WG_MIN_K": 64, "matmul.WG_MIN_K_PERSIST": 64})]
+                routes += [("gemm_wgK", routes[1][1], {"mm.WG_MIN_K": 64, "matmul.WG_PERSIST_MIN_K": 64}),
+                           ("gemm_wgP", routes[1][1], {"matmul.WG_PERSIST_MIN_K": 64})]   # the persistent tile only
             row["v7"] = v7[0].algo
             ref = ref_fn()
             for route, algo, sw in routes:
                 sw = {tuple(key.split(".")): v for key, v in sw.items()}
-                owner = lambda fam: mm_mod if fam == "matmul" else getattr(tuning, fam)  # noqa: E731
+                owner = lambda fam: mm_mod if fam == "mm" else getattr(tuning, fam)  # noqa: E731
                 saved = {key: getattr(owner(key[0]), key[1]) for key in sw}
                 try:
                     for key, v in sw.items():

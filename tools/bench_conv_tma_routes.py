@@ -212,14 +212,14 @@ def main(argv=None):
         run("model", base)
         if args.set == "1x1" and args.mmtma:
             # for comparison: the same GEMM plan on matmul's persistent gemm_tma, which pydnn.ops.matmul takes only
-            # from K >= WG_MIN_K_PERSIST / WG_MIN_K (256 / 512) today (the limits lowered here for this plan only)
+            # from K >= WG_PERSIST_MIN_K / WG_MIN_K (the limits lowered here for this plan only)
             from pydnn.ops import matmul as MM
-            saved = MM.WG_MIN_K, MM.WG_MIN_K_PERSIST
+            saved = MM.WG_MIN_K, tuning.matmul.WG_PERSIST_MIN_K
             try:
-                MM.WG_MIN_K = MM.WG_MIN_K_PERSIST = 16
+                MM.WG_MIN_K = tuning.matmul.WG_PERSIST_MIN_K = 16
                 mp_plan = plan_with(False)
             finally:
-                MM.WG_MIN_K, MM.WG_MIN_K_PERSIST = saved
+                MM.WG_MIN_K, tuning.matmul.WG_PERSIST_MIN_K = saved
             mm = mp_plan.mm[0] if fwd else mp_plan.mm
             row["mmtma_kernel"] = (mm.tma or mm.fast).expr.replace("pydnn::matmul::", "").replace("pydnn::", "")[:60]
             if mm.tma is not None:

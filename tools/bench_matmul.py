@@ -1223,6 +1223,75 @@ def dw(out=None, rounds=3, shapes=DW_SHAPES, h=None, prepared=None):
     return rows
 
 
+# --shortk: GEMMs with a short reduction (64 <= K < 256) and a wide output, where tuning.matmul.WG_PERSIST_MIN_K
+# decides between the mma.sync tiles and the persistent 128x256 wgmma tile (issue 18's 1x1 convolutions run
+# such GEMMs: N32 1x1 64->256 @56 is 100352 x 256 x 64); (label, m, n, k, B transposed)
+SHORTK_SHAPES = (("1x1 64->256 @56 N32", 100352, 256, 64, True), ("1x1 128->512 @28 N32", 25088, 512, 128, True),
+                 ("1x1 64->128 @56 N32", 100352, 128, 64, True), ("1x1 64->64 @56 N32", 100352, 64, 64, True),
+                 ("linear 16384x1152x128", 16384, 1152, 128, True), ("linear 16384x4096x192", 16384, 4096, 192, True),
+                 ("4096x4096x64 nn", 4096, 4096, 64, False), ("8192x8192x128 nn", 8192, 8192, 128, False),
+                 ("rnn 8192x512x128", 8192, 512, 128, True))
+SHORTK_MIN_K = (256, 64)
+
+
+def shortk(out=None, rounds=5, shapes=SHORTK_SHAPES):
+    """The plain matmul's plan at each SHORTK_MIN_K setting of tuning.matmul.WG_PERSIST_MIN_K against torch.mm,
+    in shuffled rounds (ms medians), every result checked against a float32 reference."""
+    import json
+    import random
+    import statistics
+
+    from pydnn import tuning
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    rows = []
+    keep = tuning.matmul.WG_PERSIST_MIN_K
+    try:
+        for label, m, n, k, tb in shapes:
+            a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            b = torch.randn(n, k, device="cuda").to(torch.bfloat16) if tb else torch.randn(k, n, device="cuda").to(
+                torch.bfloat16)
+            bt = b.t() if tb else b
+            ref = torch.mm(a.float(), bt.float())
+            fns, outs, kern = {}, {}, {}
+            for mk in SHORTK_MIN_K:
+                tuning.matmul.WG_PERSIST_MIN_K = mk
+                pl = M.gemm_plan(h, BF16, m, n, k, trans_b=tb)
+                tuning.matmul.WG_PERSIST_MIN_K = keep
+                c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                name = f"min_k {mk}"
+                fns[name] = (lambda pl=pl, cp=c.data_ptr(): pl.launch(h, a.data_ptr(), b.data_ptr(), cp, 1.0, 0.0))
+                outs[name], kern[name] = c, pl.describe()[0].replace("pydnn::matmul::", "")[:48]
+            tout = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            fns["torch.mm"] = lambda: torch.mm(a, bt, out=tout)
+            outs["torch.mm"] = tout
+            for fn in fns.values():
+                fn()
+            torch.cuda.synchronize()
+            errs = {name: _err(o, ref) for name, o in outs.items()}
+            t = {name: [] for name in fns}
+            for rd in range(rounds):
+                order = list(fns)
+                random.Random(rd).shuffle(order)
+                for name in order:
+                    t[name].append(time_ms(fns[name], reps=20, warmup=3))
+            med = {name: statistics.median(v) for name, v in t.items()}
+            flops = 2 * m * n * k
+            rows.append(dict(case=label, m=m, n=n, k=k, ms=med, errs=errs, kernels=kern))
+            print(f"{label:24s} torch.mm {med['torch.mm']:.4f} ms | " + " | ".join(
+                f"{name} {med[name]:.4f} ({med['torch.mm'] / med[name]:.3f}x torch, {flops / med[name] / 1e9:.0f} "
+                f"TFLOP/s, err {errs[name]:.1e}) {kern[name]}" for name in kern), flush=True)
+            del a, b, ref, outs, fns
+        if out:
+            with open(out, "w") as fo:
+                json.dump(rows, fo, indent=1)
+    finally:
+        tuning.matmul.WG_PERSIST_MIN_K = keep
+        pydnn.destroy(h)
+    return rows
+
+
 if __name__ == "__main__":
     import argparse
     import os
@@ -1230,6 +1299,8 @@ if __name__ == "__main__":
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser()
+    ap.add_argument("--shortk", action="store_true", help="short-K GEMMs at each SHORTK_MIN_K of "
+                    "tuning.matmul.WG_PERSIST_MIN_K vs torch.mm")
     ap.add_argument("--mid", action="store_true", help="gemm_tma vs gemm_wgmma_p vs torch.mm on 8192^3 and the 7B shapes")
     ap.add_argument("--out", default=None)
     ap.add_argument("--f32", action="store_true", help="float without TF32: the build's tiles and SIMT_CANDIDATES vs "
@@ -1292,6 +1363,8 @@ if __name__ == "__main__":
         if args.shapes:
             sel = tuple(s for s in F32_SHAPES if any(p.strip() in s[0] for p in args.shapes.split(",")))
         f32(args.out, args.rounds, sel, args.trans_all, args.cands.split(",") if args.cands else None)
+    elif args.shortk:
+        shortk(args.out, args.rounds)
     elif args.mid:
         mid(args.out, args.rounds, old_kernel=not args.no_old)
     else:

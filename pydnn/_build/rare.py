@@ -46,9 +46,6 @@ RULES = (
     # dgrad / forward), ~47 model s: installed, the 2-core replay predicted 319 s against issue 21's 300 (main: 299).
     # A training job's first backward data on them compiles its data type's widths at once, in parallel (the longest,
     # bn256, ~9 CPU s), then they are cached; `python -m pydnn build --all --only convolution.tma_dgrad` ahead.
-    Rule(r"convolution\.stream\.(f16|bf16)", r"",
-         "the streaming 1x1 kernels (tuning.conv.STREAM_1X1, off until GPU-measured); a plan on them compiles its "
-         "data type's unit on first use"),
     Rule(r"convolution\.tma_dgrad\.bn(64|128|256)\.(f16|bf16)", r"",
          "backward data on fwd_tma (tuning.conv.DGRAD_TMA): ~47 model s of a 2-core install that issue 21's 300 s "
          "budget has no room for; the first training step compiles a data type's widths at once, in parallel",

@@ -229,10 +229,10 @@ WG_CANDIDATES = ()
 WG_ARCH = "sm_90"
 WG_MIN_K = 512
 # The persistent run-on tile hides a short K loop's fill (the next tile's first K tiles land during this
-# one's last ones), so it takes K >= WG_MIN_K_PERSIST: the GPT demo's small model (d384) runs its
-# x W^T / dY W with K = 384 on the mma.sync 128x256 tile (the lead's profile, H200: 72-78 us a call).
-# Not measured at these K yet (tools/bench_graph.py --ab has no row): a switch-free constant to revisit.
-WG_MIN_K_PERSIST = 256
+# one's last ones), so it takes K >= tuning.matmul.WG_PERSIST_MIN_K = 64 (one K tile). H200
+# (tools/bench_matmul.py --shortk, against torch.mm in one run): at K 64-192 with n >= 256 it ran 0.73-1.35x
+# torch where the mma.sync 128x256 tile (the old limit, 256) ran 0.28-0.50x (16384x4096x192 0.284 -> 0.999,
+# 1x1 conv 100352x256x64 0.350 -> 1.117); n <= 128 keeps gemm_tc either way (the cost model).
 # USE_WGMMA: a switch, pydnn.tuning.matmul.USE_WGMMA (default True)
 
 
@@ -545,7 +545,7 @@ def _choose_tile(m, n, batch, sm_count, arch=None, k=0):
     wg = WG_TILES
     if tuning.matmul.WG_PERSIST:
         wg = tuple(WG_PERSIST_TILE if t is WG_TILES[0] else t for t in wg)
-    min_k = {t: WG_MIN_K_PERSIST if t.persist else WG_MIN_K for t in wg}
+    min_k = {t: tuning.matmul.WG_PERSIST_MIN_K if t.persist else WG_MIN_K for t in wg}
     tiles = TC_TILES + (tuple(t for t in wg if k >= min_k[t]) if tuning.matmul.USE_WGMMA and arch == WG_ARCH else ())
     for t in tiles:
         blocks = cdiv(m, t.bm) * cdiv(n, t.bn) * batch

@@ -6,14 +6,12 @@ data: K) a multiple of 8 up to 128 and the other side (forward: K; backward data
     forward          IMPLICIT_PRECOMP_GEMM  stream_1x1<T, KP, NT, false> (the fused bias / z / activation too)
     backward data    ALGO_1                 stream_1x1<T, KP, NT, true>
 
-Why (issue 18's sweep, H200, 2026-11-29): N32 1x1 64->64 @56 forward and backward data ran 0.267x / 0.268x
-cuDNN on implicit_gemm_pipe_tc, 1x1 32->400 / 40->280 / 64->256 0.33-0.54x on fwd_tma; these are GEMMs of one
-to four k16 steps that move 2 (C + K) bytes a pixel, and one tile a block cannot overlap its stores with the
-next tile's loads (~1.1 TB/s either route, tools/PERF.md session 26). The kernel keeps the filter in shared
-memory and walks 64-pixel tiles through a 4-deep cp.async ring.
-
-Behind tuning.conv.STREAM_1X1 (off until its GPU tests, tests/ops/convolution/test_conv_stream_gpu.py, and
-tools/bench_conv1x1.py's `stream` route have run on a GPU).
+Why (issue 18's sweep, H200): N32 1x1 64->64 @56 forward and backward data ran 0.267x / 0.268x cuDNN on
+implicit_gemm_pipe_tc, 1x1 32->400 / 40->280 0.33-0.40x on fwd_tma; these are GEMMs of one to eight k16 steps that
+move 2 (C + K) bytes a pixel, and one tile a block cannot overlap its stores with the next tile's loads. The kernel
+keeps the filter in shared memory and walks 64-pixel tiles through a 4-deep cp.async ring (the same rows: 0.62x,
+0.90x, 0.79x). On sm_90 an output side past 128 with a reduction of at least matmul.WG_PERSIST_MIN_K goes to
+matmul's persistent wgmma GEMM instead (wgmma_takes), which ran those at 0.99-1.25x.
 
 Model (Get..._v7): the bytes moved at DRAM_GBPS over the filled part of a wave.
 """
@@ -33,8 +31,13 @@ STAGES = 4                 # the ring (kStreamStages)
 MAX_R = 128                # the reduction: C (forward) / K (backward data)
 NTS = (64, 128, 256)       # the output side's tile: the smallest that holds it (256-wide chunks past 256)
 MAX_N = 512
-KPS = (16, 32, 48, 64, 80, 96, 112, 128)   # the reduction rounded up to k16 steps
-BLOCKS_PER_SM = 2          # 256 threads at <= 128 registers: 2 blocks a SM where shared memory holds two
+# the reduction rounded up: 3 widths, not every k16 step (8), so that the units are 3/8 as many (installed: 18
+# instantiations a type); the padded k16 steps read zero-filled shared memory, no global bytes
+KPS = (32, 64, 128)
+# 256 threads at <= 128 registers: 2 blocks a SM where shared memory holds two. Not the driver's occupancy: 64 x 64
+# uses 76 registers, so 3 fit, but 3 ran slower (H200, tools/bench_conv1x1.py --stream: N128 64 -> 64
+# forward 33.2 -> 35.6 us, N8 5.1 -> 5.6 us; N32 10.6 -> 10.7 us)
+BLOCKS_PER_SM = 2
 SMEM_PER_SM = 227 * 1024   # (sm_80 / sm_90: 228 KB a SM, 227 KB a block at most)
 DRAM_GBPS = 3000.0
 
@@ -142,10 +145,20 @@ class StreamPlan(StepPlan):
         return t / max(fill, 0.1)
 
 
+def wgmma_takes(handle, pb, direction):
+    """Whether matmul's persistent 128x256 wgmma tile serves this GEMM better (sm_90, an output side past 128, a
+    reduction of at least tuning.matmul.WG_PERSIST_MIN_K). Measured (H200, the sweep's 1x1 rows in
+    one call): those rows ran 0.99-1.25x cuDNN on gemm_wgmma_p against 0.58-0.94x on these kernels."""
+    from ... import tuning
+    r, n = _sides(pb, direction)
+    return (handle.arch == "sm_90" and tuning.matmul.USE_WGMMA and n > NTS[1]
+            and r >= tuning.matmul.WG_PERSIST_MIN_K)
+
+
 def _planner(direction):
     def plan(handle, pb, d, algo):
         from ... import tuning
-        if not tuning.conv.STREAM_1X1 or refusal(pb, direction) is not None:
+        if not tuning.conv.STREAM_1X1 or refusal(pb, direction) is not None or wgmma_takes(handle, pb, direction):
             return None
         return StreamPlan(handle, pb, direction, algo)
     return plan

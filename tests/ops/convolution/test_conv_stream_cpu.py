@@ -49,12 +49,12 @@ def test_where_the_stream_kernels_serve(on):
     conv, x, w, y = _descs(2, 40, 520, (5, 7), F16)
     pl = P.new_plan(h, Pb.DIR_FWD, FWD1, conv, x, w, y)
     assert type(pl) is not S.StreamPlan   # output side 520 > 512
-    conv, x, w, y = _descs(2, 40, 264, (5, 7), F16)   # forward: reduction 40 (KP 48), two column chunks
+    conv, x, w, y = _descs(2, 40, 264, (5, 7), F16)   # forward: reduction 40 (KP 64), two column chunks
     pl = P.new_plan(h, Pb.DIR_FWD, FWD1, conv, x, w, y)
     assert type(pl) is S.StreamPlan and pl.chunks == 2 and pl.gemm.splits == 2 and pl.blocks == 2 * 2  # 2 tiles a chunk
     conv, x, w, y = _descs(2, 40, 248, (5, 7), F16)
     pl = P.new_plan(h, Pb.DIR_FWD, FWD1, conv, x, w, y)
-    assert type(pl) is S.StreamPlan and pl.gemm_expr == S._expr("f16", 48, 256, False)
+    assert type(pl) is S.StreamPlan and pl.gemm_expr == S._expr("f16", 64, 256, False)
     assert "reduction 248" in S.refusal(Pb.problem(conv, x, w, y), Pb.DIR_BWD_DATA)
     for args, why in (((8, 136, 64, (16, 16)), "reduction 136"), ((8, 12, 64, (16, 16)), "reduction 12"),
                       ((8, 64, 60, (16, 16)), "output channels 60"), ((8, 64, 64, (16, 16), BF16, False), "packed NHWC"),
@@ -65,6 +65,16 @@ def test_where_the_stream_kernels_serve(on):
                       ((2**31 // 64 + 1, 16, 16, (8, 8)), "2^31")):
         conv, x, w, y = _descs(*args)
         assert why in S.refusal(Pb.problem(conv, x, w, y), Pb.DIR_FWD)
+    # sm_90: an output side past 128 with a reduction of at least matmul.WG_PERSIST_MIN_K goes to the persistent
+    # wgmma GEMM (stream.wgmma_takes); sm_80, or a shorter reduction, keeps the streaming kernels
+    conv, x, w, y = _descs(8, 64, 256, (28, 28))
+    pb = Pb.problem(conv, x, w, y)
+    assert S.wgmma_takes(h, pb, Pb.DIR_FWD) and not S.wgmma_takes(h, pb, Pb.DIR_BWD_DATA)   # (bwd data: 256 -> 64)
+    assert type(P.new_plan(h, Pb.DIR_FWD, FWD1, conv, x, w, y)) is not S.StreamPlan
+    assert type(P.new_plan(h, Pb.DIR_BWD_DATA, BWD_D1, conv, x, w, y)) is not S.StreamPlan   # (reduction 256)
+    assert type(P.new_plan(cpu_handle("sm_80", 108), Pb.DIR_FWD, FWD1, conv, x, w, y)) is S.StreamPlan
+    with tuning.override({"matmul.WG_PERSIST_MIN_K": 128}):
+        assert type(P.new_plan(h, Pb.DIR_FWD, FWD1, conv, x, w, y)) is S.StreamPlan
     conv, x, w, y = _descs(32, 64, 64, (56, 56))
     with tuning.override({"conv.STREAM_1X1": False}):
         for d, algo in DIRS:
@@ -156,8 +166,9 @@ def _emulate(pl, a, b, alpha, beta, out0, z=None, bias=None, relu=False, zmap=No
 def test_emulated_stream_kernel_matches_reference(on, n, c, k, hw, grid):
     """Tails everywhere: pixels not a multiple of 64, the output side not of NT / 2, the reduction not of 16; a
     grid of fewer blocks than tiles (each block walks several tiles through the ring) and of more (idle blocks);
-    output sides past 256 (column chunks: 400, 280)."""
-    h = cpu_handle("sm_90", 132)
+    output sides past 256 (column chunks: 400, 280). On an sm_80 handle: the schedule does not depend on the
+    arch, and sm_90 sends the wide-output, long-reduction cases to the wgmma GEMM (stream.wgmma_takes)."""
+    h = cpu_handle("sm_80", 108)
     rng = np.random.default_rng(11)
     conv, x, w, y = _descs(n, c, k, hw)
     xv, wv, dyv = (rng.standard_normal((n, c) + hw), rng.standard_normal((k, c, 1, 1)),
@@ -213,7 +224,7 @@ def test_launch_and_parameters(on):
 
 
 @pytest.mark.parametrize("kp,nt,kn", [(64, 256, False), (64, 256, True), (128, 256, False), (128, 256, True),
-                                      (96, 128, False)])
+                                      (128, 128, False)])
 def test_largest_instantiations_compile_without_spills(kp, nt, kn):
     nvrtc = pytest.importorskip("pydnn._cuda.nvrtc")
     try:

@@ -114,8 +114,9 @@ def test_gemm_uses_tensor_cores_when_the_view_allows():
     c = cdesc((1, 1), (1, 1), (1, 1))
     x, y = tdesc((2, 8, 9, 9), F16, NHWC), tdesc((2, 16, 9, 9), F16, NHWC)
     pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NHWC), y)
-    # (72 columns: fwd_tc, or the pipelined kernel with the channel tail zero-filled: tuning.conv.FWD_TAIL_FILL)
-    tc = ("fwd_tc<", "implicit_gemm_pipe_tc<", "fwd_wgmma<")
+    # (72 columns: fwd_tc, or the pipelined kernel with the channel tail zero-filled: tuning.conv.FWD_TAIL_FILL, or
+    # the streaming 1x1 kernels: tuning.conv.STREAM_1X1)
+    tc = ("fwd_tc<", "implicit_gemm_pipe_tc<", "fwd_wgmma<", "stream_1x1<")
     assert any(t in pl.sub.plan.gemm_expr for t in tc) and pl.align == 16
     pl = CP.new_plan(h, CPb.DIR_FWD, FWD_GEMM, c, x, fdesc((16, 8, 3, 3), F16, NCHW), y)
     assert any(t in pl.sub.plan.gemm_expr for t in tc) and pl.pack is not None  # the filter packed (NHWC rows) first

@@ -390,8 +390,10 @@ def test_backward_data_direct_emulated(case, mode, dtype, rng):
     full = (xd, k, (1, 1), (0, 0), (1, 1), (1, 1), layout, wfmt)
     c, (xd, wd, yd), (xs, ws, ys), (xsize, ysize), (xdsc, wdsc, ydsc) = _problem(full, mode, rng, dtype)
     pl = CP.new_plan(h, CPb.DIR_BWD_DATA, BWD_D1, c, xdsc, wdsc, ydsc)
-    if dtype == BF16 and layout == "nhwc" and xd[1] % 8 == 0 and k % 8 == 0 and wfmt == NHWC:
-        assert not isinstance(pl, G.BwdGemmPlan)   # the tensor-core ALGO_1 serves it
+    from pydnn.ops.convolution import stream as S
+    stream = S.refusal(CPb.problem(c, xdsc, wdsc, ydsc), CPb.DIR_BWD_DATA) is None   # (a 1x1 filter of either format)
+    if dtype == BF16 and layout == "nhwc" and xd[1] % 8 == 0 and k % 8 == 0 and (wfmt == NHWC or stream):
+        assert not isinstance(pl, G.BwdGemmPlan)   # the tensor-core ALGO_1 (or the streaming kernels) serves it
         return
     assert isinstance(pl, G.BwdGemmPlan) and pl.direct and pl.workspace == 0 and not pl.steps
     w, dy, dx0 = rng.standard_normal(wd), rng.standard_normal(yd), rng.standard_normal(xd)

@@ -167,7 +167,10 @@ EMU_CASES = [  # xdims, k, filt, pad, stride, dil, layout, filter format
 
 @pytest.mark.parametrize("case", EMU_CASES)
 @pytest.mark.parametrize("mode", [pydnn.PYDNN_CROSS_CORRELATION, pydnn.PYDNN_CONVOLUTION])
-def test_forward_emulated(case, mode):
+def test_forward_emulated(case, mode, monkeypatch):
+    # (the GEMM plan's own matmul: a gathered strided / padded 1x1 sub-problem would run the streaming kernels,
+    # which test_conv_stream_cpu emulates)
+    monkeypatch.setattr(tuning.conv, "STREAM_1X1", False)
     import numpy as np
     from pydnn.reference import convolution as ref
     from test_convolution_gemm_cpu import ITEM, _gather_tensor, _problem, _scatter, run_forward

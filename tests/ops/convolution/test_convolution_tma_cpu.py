@@ -55,6 +55,7 @@ def _plan(h, *a, **kw):
 @pytest.fixture
 def tma_on(monkeypatch):
     monkeypatch.setattr(tuning.conv, "FWD_TMA", "always")
+    monkeypatch.setattr(tuning.conv, "STREAM_1X1", False)   # (a 1x1 case's plan on fwd_tma, not the stream kernels)
 
 
 def test_on_by_default_and_off(h, monkeypatch):
@@ -307,6 +308,14 @@ def test_gemm1x1_top_moves_only_gemm_tc_plans(h, monkeypatch):
     monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
     fwd = lambda *a, **kw: _plan_dir(h, CPb.DIR_FWD, GEMM, *a, **kw)          # noqa: E731
     bwd = lambda *a, **kw: _plan_dir(h, CPb.DIR_BWD_DATA, BD0, *a, **kw)      # noqa: E731
+    # matmul takes its persistent wgmma tile from K = tuning.matmul.WG_PERSIST_MIN_K (64): 64 -> 256 stays a GEMM
+    # plan on it, TMA_1X1 or not; above the reduction the limit leaves gemm_tc, the plans this hook moves
+    for on in (False, True):
+        monkeypatch.setattr(tuning.conv, "TMA_1X1", on)
+        pl = fwd(64, 64, 256, 56, 1, 0)
+        assert type(pl) is G.GemmPlan and "gemm_wgmma_p<" in pl.mm[0].fast.expr
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
+    monkeypatch.setattr(tuning.matmul, "WG_PERSIST_MIN_K", 512)
     base = fwd(64, 64, 256, 56, 1, 0)
     assert type(base) is G.GemmPlan and "gemm_tc<" in base.mm[0].fast.expr     # the default: the GEMM plan
     assert type(bwd(64, 256, 64, 56, 1, 0)) is G.BwdGemmPlan
@@ -333,6 +342,7 @@ def test_gemm1x1_top_moves_only_gemm_tc_plans(h, monkeypatch):
 def test_gemm1x1_fallback_is_the_gemm_plan(h, monkeypatch):
     """A misaligned x (or maps that cannot encode, as on this CPU handle) runs the GEMM plan it replaced."""
     monkeypatch.setattr(tuning.conv, "TMA_1X1", True)
+    monkeypatch.setattr(tuning.matmul, "WG_PERSIST_MIN_K", 512)   # (the 1x1 GEMM on gemm_tc: the plans TMA_1X1 moves)
     pl = _plan_dir(h, CPb.DIR_FWD, pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, 64, 64, 256, 56, 1, 0)
     seen = []
     monkeypatch.setattr(CP, "run_plan", lambda handle, plan, *a: seen.append((plan, a)))

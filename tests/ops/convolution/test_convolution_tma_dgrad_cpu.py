@@ -61,6 +61,7 @@ def _plan(h, *a, **kw):
 @pytest.fixture
 def on(monkeypatch):
     monkeypatch.setattr(tuning.conv, "DGRAD_TMA", "always")
+    monkeypatch.setattr(tuning.conv, "STREAM_1X1", False)   # (a 1x1 case's plan on fwd_tma, not the stream kernels)
 
 
 def test_switch(h, monkeypatch):

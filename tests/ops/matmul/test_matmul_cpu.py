@@ -153,7 +153,7 @@ def test_wgmma_choice_only_on_sm90(monkeypatch):
     assert isinstance(t, M.WgTile) and plan.describe()[0] == t.expr("bf16", False, True)
     assert M._choose_tile(10240, 384, 1, 132, "sm_90", 536) is M.WG_TILES[1]  # tests/ops/matmul/test_matmul_gpu.py
     # too few blocks for a wave, or a short K: gemm_tc
-    short = M.WG_MIN_K_PERSIST if tuning.matmul.WG_PERSIST else M.WG_MIN_K
+    short = tuning.matmul.WG_PERSIST_MIN_K if tuning.matmul.WG_PERSIST else M.WG_MIN_K
     for m, n, k in ((1024, 1024, 1024), (4096, 4096, short - 8), (512, 512, 4096)):
         assert "gemm_wgmma" not in M.gemm_plan(h, BF16, m, n, k).describe()[0], (m, n, k)
     assert plan.describe()[2] == (256, 1, 1) and plan.describe()[3] == t.smem
@@ -217,7 +217,7 @@ def test_wgmma_persistent_items_cover_each_tile_once(tiles_m, tiles_n, batch, gr
 
 
 def test_wgmma_short_k(monkeypatch):
-    """The persistent run-on tile takes K >= WG_MIN_K_PERSIST (the GPT demo's d384 projections, K = 384); the
+    """The persistent run-on tile takes K >= tuning.matmul.WG_PERSIST_MIN_K (the GPT demo's d384 projections, K = 384); the
     one-block-a-tile forms keep WG_MIN_K."""
     h = cpu_handle()
     monkeypatch.setattr(h, "arch", "sm_90")
@@ -226,7 +226,7 @@ def test_wgmma_short_k(monkeypatch):
     monkeypatch.setattr(tuning.matmul, "WG_PERSIST", True)
     assert M.gemm_plan(h, BF16, 16384, 1152, 384, trans_b=True).describe()[0] == M.WG_PERSIST_TILE.expr("bf16", False,
                                                                                                         True)
-    assert "gemm_wgmma" not in M.gemm_plan(h, BF16, 16384, 1152, M.WG_MIN_K_PERSIST - 8).describe()[0]
+    assert "gemm_wgmma" not in M.gemm_plan(h, BF16, 16384, 1152, tuning.matmul.WG_PERSIST_MIN_K - 8).describe()[0]
     monkeypatch.setattr(tuning.matmul, "WG_PERSIST", False)
     assert "gemm_wgmma" not in M.gemm_plan(h, BF16, 16384, 1152, 384, trans_b=True).describe()[0]
 
