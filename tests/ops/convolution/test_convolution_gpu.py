@@ -351,6 +351,7 @@ def test_wgmma_forward(handle, rng, monkeypatch, case, dtype, tiling):
     stride, dilation, 1-d / 3-d, padded NHWC): plain (register epilogue) and beta != 0 (staged)."""
     _need_wgmma(handle)
     _force_tiling(monkeypatch, CPb.DIR_FWD, tiling)
+    monkeypatch.setattr(tuning.conv, "STREAM_1X1", False)   # (the 1x1 cases on fwd_wgmma, not the streaming kernels)
 
     def planned_on_wgmma(pb):
         pl = CP.new_plan(handle, CPb.DIR_FWD, FWD_PRE, pb.conv, pb.x.desc, pb.wdesc, pb.y.desc)
@@ -366,6 +367,7 @@ def test_wgmma_model_1x1(handle, rng, monkeypatch, dtype):
     tail and a 72-wide N (a partial tile); over 64 channels (1 K tile) the pipelined kernel."""
     _need_wgmma(handle)
     monkeypatch.setattr(tuning.conv, "FWD_TMA", False)   # the model's fwd_wgmma choice itself (not fwd_tma's)
+    monkeypatch.setattr(tuning.conv, "STREAM_1X1", False)   # (nor the streaming kernels': 64 channels)
     case = ((2, 256, 9, 11), 72, (1, 1), (0, 0), (1, 1), (1, 1), 1, "nhwc", NHWC)
 
     def planned_on_wgmma(pb):

@@ -42,6 +42,7 @@ def _need_sm90(handle):
 
 def _on(monkeypatch):
     monkeypatch.setattr(tuning.conv, "FWD_TMA", "always")
+    monkeypatch.setattr(tuning.conv, "STREAM_1X1", False)   # (a 1x1 case on fwd_tma, not the streaming kernels)
     monkeypatch.setitem(tuning.conv.TC_FORCE, CPb.DIR_FWD, WGM_TILE)
 
 
