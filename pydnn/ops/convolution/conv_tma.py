@@ -501,9 +501,37 @@ def _mm_tc(mp):
     return mp is not None and getattr(mp, "tma", None) is None and "gemm_tc<" in (mp.fast.expr if mp.fast else "")
 
 
+# The persistent 128 x 256 wgmma tile (matmul.WG_PERSIST_MIN_K) walks its tiles in waves of one block a SM: a
+# last wave under LAST_WAVE_MIN full costs a whole wave's time for a few tiles, where fwd_tma's items (64-256 wide)
+# spread the same work finer. H200, the sweep (1x1 rows on gemm_wgmma_p): random N9 1x1 240->64 @44 backward data,
+# 137 tiles on 132 SMs (fill 0.52): 18.0 us against fwd_tma's 10.0; every row at fill 0.74 (196 tiles) ran faster on
+# gemm_wgmma_p than fwd_tma had (N8 1x1 64->256 @56 forward 8.7 / 10.0 us, 256->128 backward data 10.0 / 11.1 us).
+LAST_WAVE_MIN = 0.6
+
+
+def _wgmma_last_wave_fill(handle, mp, m, n):
+    """The last wave's fill of a matmul plan on the persistent 128 x 256 wgmma tile (or its gemm_tma form) over an
+    m x n output, one block a SM; None for the other tiles."""
+    expr = (mp.tma or mp.fast).expr if mp is not None and (mp.tma or mp.fast) else ""
+    if "gemm_wgmma_p<" not in expr and "gemm_tma<" not in expr:
+        return None
+    tiles = -(-m // 128) * -(-n // 256)
+    sms = max(handle.sm_count, 1)
+    waves = -(-tiles // sms)
+    return tiles / (waves * sms)
+
+
+def _under_filled(handle, mp, pb, direction):
+    """A direct 1x1 GEMM plan's matmul on the persistent wgmma tile with its last wave under LAST_WAVE_MIN full (the
+    GEMM: the pixels x the output side, forward K, backward data C)."""
+    d, h, w = pb.out3
+    fill = _wgmma_last_wave_fill(handle, mp, pb.n * d * h * w, pb.k if direction == DIR_FWD else pb.c)
+    return fill is not None and fill < LAST_WAVE_MIN
+
+
 def gemm1x1_top(handle, pl):
     """plans.register_top's hook (a call's own plan): tuning.conv.TMA_1X1 moves a direct 1x1 GEMM plan whose matmul
-    is gemm_tc to fwd_tma (forward: tma_refusal, K >= MIN_K; backward data: the direct DgradTmaPlan under
+    is gemm_tc, or the persistent wgmma tile with an under-filled last wave (_under_filled), to fwd_tma (forward: tma_refusal, K >= MIN_K; backward data: the direct DgradTmaPlan under
     dgrad_refusal, C >= MIN_K, not where slower_than_replaced objects), the GEMM plan its fallback (a misaligned
     call, maps that do not encode) and its estimate (Get..._v7's ranking is unchanged)."""
     mode = tuning.conv.TMA_1X1
@@ -512,11 +540,13 @@ def gemm1x1_top(handle, pl):
     from . import gemm
     pb = pl.problem
     if pl.direction == DIR_FWD and type(pl) is gemm.GemmPlan:
-        if not _mm_tc(pl.mm[0]) or pl.mm[1] or pb.k < MIN_K or tma_refusal(handle, pb) is not None:
+        if (not (_mm_tc(pl.mm[0]) or _under_filled(handle, pl.mm[0], pb, DIR_FWD)) or pl.mm[1] or pb.k < MIN_K
+                or tma_refusal(handle, pb) is not None):
             return pl
         return plan_tma(handle, pb, pl.algo, pl)
     if pl.direction == DIR_BWD_DATA and type(pl) is gemm.BwdGemmPlan:
-        if not _mm_tc(pl.mm) or pl.filter_a or pb.c < MIN_K or dgrad_refusal(handle, pb, False) is not None:
+        if (not (_mm_tc(pl.mm) or _under_filled(handle, pl.mm, pb, DIR_BWD_DATA)) or pl.filter_a or pb.c < MIN_K
+                or dgrad_refusal(handle, pb, False) is not None):
             return pl
         tp = plan_dgrad_tma(handle, pb, pl.algo, pl, False)
         return pl if slower_than_replaced(handle, tp, pl) is not None else tp

@@ -339,6 +339,30 @@ def test_gemm1x1_top_moves_only_gemm_tc_plans(h, monkeypatch):
     assert pydnn.get_convolution_forward_algorithm_v7(h, xd, wd, cv, yd, 1)[0].algo == first
 
 
+def test_gemm1x1_top_moves_under_filled_wgmma_plans(h, monkeypatch):
+    """A direct 1x1 GEMM plan on the persistent 128 x 256 wgmma tile whose last wave is under LAST_WAVE_MIN full
+    moves to fwd_tma too: 9 x 44 x 44 pixels by 240 outputs are 137 tiles on 132 SMs (fill 0.52); at 196 tiles
+    (fill 0.74) and at 784 (0.99) the GEMM plan stays."""
+    from pydnn.ops.convolution import gemm as G
+    GEMM, BD0 = pydnn.PYDNN_CONVOLUTION_FWD_ALGO_GEMM, pydnn.PYDNN_CONVOLUTION_BWD_DATA_ALGO_0
+    fwd = lambda *a, **kw: _plan_dir(h, CPb.DIR_FWD, GEMM, *a, **kw)          # noqa: E731
+    bwd = lambda *a, **kw: _plan_dir(h, CPb.DIR_BWD_DATA, BD0, *a, **kw)      # noqa: E731
+    pl = bwd(9, 240, 64, 44, 1, 0)
+    assert type(pl) is T.DgradTmaPlan and type(pl.fallback) is G.BwdGemmPlan
+    assert T._wgmma_last_wave_fill(h, pl.fallback.mm, 9 * 44 * 44, 240) == pytest.approx(137 / 264)
+    pl = fwd(9, 64, 240, 44, 1, 0)
+    assert type(pl) is T.TmaPlan and "gemm_wgmma_p<" in pl.fallback.mm[0].fast.expr
+    for n, fill in ((8, 196 / 264), (32, 784 / 792)):
+        pl = fwd(n, 64, 256, 56, 1, 0)
+        assert type(pl) is G.GemmPlan and T._wgmma_last_wave_fill(h, pl.mm[0], n * 56 * 56, 256) == pytest.approx(fill)
+        assert type(bwd(n, 256, 64, 56, 1, 0)) is G.BwdGemmPlan
+    monkeypatch.setattr(T, "LAST_WAVE_MIN", 0.5)   # (the bound itself decides)
+    assert type(bwd(9, 240, 64, 44, 1, 0)) is G.BwdGemmPlan
+    monkeypatch.setattr(tuning.conv, "TMA_1X1", False)
+    monkeypatch.setattr(T, "LAST_WAVE_MIN", 0.6)
+    assert type(bwd(9, 240, 64, 44, 1, 0)) is G.BwdGemmPlan
+
+
 def test_gemm1x1_fallback_is_the_gemm_plan(h, monkeypatch):
     """A misaligned x (or maps that cannot encode, as on this CPU handle) runs the GEMM plan it replaced."""
     monkeypatch.setattr(tuning.conv, "TMA_1X1", True)
