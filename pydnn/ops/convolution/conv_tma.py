@@ -531,9 +531,10 @@ def _under_filled(handle, mp, pb, direction):
 
 def gemm1x1_top(handle, pl):
     """plans.register_top's hook (a call's own plan): tuning.conv.TMA_1X1 moves a direct 1x1 GEMM plan whose matmul
-    is gemm_tc, or the persistent wgmma tile with an under-filled last wave (_under_filled), to fwd_tma (forward: tma_refusal, K >= MIN_K; backward data: the direct DgradTmaPlan under
-    dgrad_refusal, C >= MIN_K, not where slower_than_replaced objects), the GEMM plan its fallback (a misaligned
-    call, maps that do not encode) and its estimate (Get..._v7's ranking is unchanged)."""
+    is gemm_tc, or the persistent wgmma tile with an under-filled last wave (_under_filled), to fwd_tma (forward:
+    tma_refusal, K >= MIN_K; backward data: the direct DgradTmaPlan under dgrad_refusal, C >= MIN_K, not where
+    slower_than_replaced objects), the GEMM plan its fallback (a misaligned call, maps that do not encode) and its
+    estimate (Get..._v7's ranking is unchanged)."""
     mode = tuning.conv.TMA_1X1
     if not mode or not getattr(pl, "direct", False) or pl.fold is not None:
         return pl
