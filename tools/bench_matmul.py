@@ -1106,6 +1106,25 @@ def _one_kernel_unit(rec):
     return u
 
 
+def _checked_medians(fns, outs, ref, rounds, reps, warmup):
+    """Each function once, its output against ref (max |diff| / max |ref|), then `rounds` shuffled rounds of
+    time_ms: ({name: error}, {name: median ms})."""
+    import random
+    import statistics
+
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    errs = {name: _err(o, ref) for name, o in outs.items()}
+    t = {name: [] for name in fns}
+    for rd in range(rounds):
+        order = list(fns)
+        random.Random(rd).shuffle(order)
+        for name in order:
+            t[name].append(time_ms(fns[name], reps=reps, warmup=warmup))
+    return errs, {name: statistics.median(v) for name, v in t.items()}
+
+
 def _dw_plans(h, m, n, k):
     """{variant: (plan, workspace bytes)}: whole K (no split), the one-wave split cap (SPLIT_WAVES off), the
     planner's choice (several waves), S = 11 forced; and "ksplit8": the torch bridge's LINEAR_DW_KSPLIT = 8
@@ -1152,8 +1171,6 @@ def dw(out=None, rounds=3, shapes=DW_SHAPES, h=None, prepared=None):
     in alternating rounds (ms medians); every result against a float32 torch reference (max |diff| / max |ref|).
     """
     import json
-    import random
-    import statistics
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -1195,17 +1212,7 @@ def dw(out=None, rounds=3, shapes=DW_SHAPES, h=None, prepared=None):
             dyt = dy.t()
             fns["torch.matmul"] = lambda: torch.matmul(dyt, x, out=tout)
             outs["torch.matmul"] = tout
-            for fn in fns.values():
-                fn()
-            torch.cuda.synchronize()
-            errs = {name: _err(o, ref) for name, o in outs.items()}
-            t = {name: [] for name in fns}
-            for rd in range(rounds):
-                order = list(fns)
-                random.Random(rd).shuffle(order)
-                for name in order:
-                    t[name].append(time_ms(fns[name], reps=10, warmup=2))
-            med = {name: statistics.median(v) for name, v in t.items()}
+            errs, med = _checked_medians(fns, outs, ref, rounds, 10, 2)
             splits = {name: (pl.split[0] if pl.split else 1) for name, pl in pls.items() if name != "ksplit8"}
             row = dict(case=label, m=m, n=n, k=k, ms=med, errs=errs, splits=splits,
                        vs_torch={name: med["torch.matmul"] / v for name, v in med.items()})
@@ -1238,8 +1245,6 @@ def shortk(out=None, rounds=5, shapes=SHORTK_SHAPES):
     """The plain matmul's plan at each SHORTK_MIN_K setting of tuning.matmul.WG_PERSIST_MIN_K against torch.mm,
     in shuffled rounds (ms medians), every result checked against a float32 reference."""
     import json
-    import random
-    import statistics
 
     from pydnn import tuning
 
@@ -1266,17 +1271,7 @@ def shortk(out=None, rounds=5, shapes=SHORTK_SHAPES):
             tout = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             fns["torch.mm"] = lambda: torch.mm(a, bt, out=tout)
             outs["torch.mm"] = tout
-            for fn in fns.values():
-                fn()
-            torch.cuda.synchronize()
-            errs = {name: _err(o, ref) for name, o in outs.items()}
-            t = {name: [] for name in fns}
-            for rd in range(rounds):
-                order = list(fns)
-                random.Random(rd).shuffle(order)
-                for name in order:
-                    t[name].append(time_ms(fns[name], reps=20, warmup=3))
-            med = {name: statistics.median(v) for name, v in t.items()}
+            errs, med = _checked_medians(fns, outs, ref, rounds, 20, 3)
             flops = 2 * m * n * k
             rows.append(dict(case=label, m=m, n=n, k=k, ms=med, errs=errs, kernels=kern))
             print(f"{label:24s} torch.mm {med['torch.mm']:.4f} ms | " + " | ".join(
