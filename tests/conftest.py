@@ -70,6 +70,19 @@ def handle():
 
 
 @pytest.fixture
+def th():
+    """A handle on PyTorch's current stream (tests that pass torch tensors); destroyed once the stream drained."""
+    import pydnn
+    import torch
+
+    h = pydnn.create()
+    pydnn.set_stream(h, torch.cuda.current_stream().cuda_stream)
+    yield h
+    torch.cuda.synchronize()
+    pydnn.destroy(h)
+
+
+@pytest.fixture
 def rng(request):
     """Fresh random inputs every run; the seed is printed on failure so a case can be replayed."""
     import numpy as np

@@ -760,15 +760,21 @@ static int nm_core(const nm_rec_t *r, uint64_t stream, PyObject *const *args, Py
 /* reduce_tensor's arguments besides its tensors, as its _buffers checks them: both sizes plain ints >= 0, no
    indices wanted (else the Python function's), the workspace (when the plan has one) at least its bytes by size
    and by buffer and WS_ALIGN-aligned; 1 with its address in *ws */
-static int mk_reduce_extra(PyObject *const *args, PyObject *tt, const pk_rec_t *r, uint64_t *ws) {
-    if (r->decline || !PyLong_CheckExact(args[3]) || !PyLong_CheckExact(args[5])) return 0;
-    long long isz = PyLong_AsLongLong(args[3]), wsz = PyLong_AsLongLong(args[5]);
-    if (isz < 0 || wsz < 0) return 0; /* (an overflow: -1 and an exception, cleared by the caller) */
+/* a workspace as a cached call checks it: its size a plain int >= need; none needed: 0 whatever the buffer; else a
+   buffer of need bytes whose address is a multiple of align (when set) */
+static int mk_workspace(PyObject *buf, PyObject *size, PyObject *tt, uint64_t need, uint64_t align, uint64_t *ws) {
+    if (!PyLong_CheckExact(size)) return 0;
+    long long n = PyLong_AsLongLong(size);
+    if (n < 0 || (unsigned long long)n < need) return 0; /* (an overflow: -1 and an exception, cleared by the caller) */
     *ws = 0;
-    if (!r->ws_need) return 1;
-    if ((unsigned long long)wsz < r->ws_need) return 0;
-    if (!act_buffer(args[4], tt, (long long)r->ws_need, ws)) return 0;
-    return r->ws_align ? *ws % r->ws_align == 0 : 1;
+    if (!need) return 1;
+    if (!act_buffer(buf, tt, (long long)need, ws)) return 0;
+    return align ? *ws % align == 0 : 1;
+}
+
+static int mk_reduce_extra(PyObject *const *args, PyObject *tt, const pk_rec_t *r, uint64_t *ws) {
+    if (r->decline || !PyLong_CheckExact(args[3]) || PyLong_AsLongLong(args[3]) < 0) return 0; /* (indices' size) */
+    return mk_workspace(args[4], args[5], tt, r->ws_need, r->ws_align, ws);
 }
 
 /* A convolution's plans.Plan (one implicit-GEMM launch, and the split-K fold's when it has one) as run_plan
@@ -817,18 +823,6 @@ static int cv_core(const cv_rec_t *r, uint64_t stream, uint64_t a, uint64_t b, u
                      r->fblock[2], 0, (void *)(uintptr_t)stream, (void **)(uintptr_t)r->fargv, NULL);
 }
 
-/* a convolution's workspace as its cached call checks it: the size a plain int >= the plan's bytes; none needed:
-   0 whatever the buffer; else a buffer of those bytes whose address is a multiple of the plan's acc_size */
-static int cv_ws(PyObject *const *args, PyObject *tt, const cv_rec_t *r, uint64_t *ws) {
-    if (!PyLong_CheckExact(args[9])) return 0;
-    long long n = PyLong_AsLongLong(args[9]);
-    if (n < 0 || (unsigned long long)n < r->ws_need) return 0; /* (an overflow: -1, cleared by the caller) */
-    *ws = 0;
-    if (!r->ws_need) return 1;
-    if (!act_buffer(args[8], tt, (long long)r->ws_need, ws)) return 0;
-    return r->ws_align ? *ws % r->ws_align == 0 : 1;
-}
-
 /* 1: answered (launched); 0: declined, no exception set */
 static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
     const map_kind_t *k = &mk_kinds[kind];
@@ -860,7 +854,9 @@ static int mk_try(int kind, PyObject *const *args, Py_ssize_t nargs) {
     } else if (k->core == 5) {
         const cv_rec_t *r = (const cv_rec_t *)(uintptr_t)s->crec;
         uint64_t ws = 0;
-        if (s->nin == 2 && cv_ws(args, tt, r, &ws)) done = cv_core(r, s->stream, ins[0], ins[1], o, ws, al, be) == 0;
+        /* (the workspace: the plan's bytes, at a multiple of its acc_size) */
+        if (s->nin == 2 && mk_workspace(args[8], args[9], tt, r->ws_need, r->ws_align, &ws))
+            done = cv_core(r, s->stream, ins[0], ins[1], o, ws, al, be) == 0;
     } else if (k->core == 2) {
         uint64_t ptrs[4] = {o, ins[0], 0, 0}; /* out, in_, indices (none), workspace */
         if (mk_reduce_extra(args, tt, (const pk_rec_t *)(uintptr_t)s->crec, &ptrs[3]))

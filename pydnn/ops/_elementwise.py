@@ -295,8 +295,9 @@ def _setup_entries():
     """Once, when the first compiled launch record is made: activation_forward's entry (its act_setup gives the
     kinds their module objects), then activation_backward, add_tensor, scale_tensor, op_tensor, transform_tensor,
     softmax_forward, pooling_forward, reduce_tensor, batch_normalization_forward_inference, norm_forward_inference
-    and the three convolutions (forward, backward data, backward filter) as compiled entries over their Python functions (pydnn/_build/fastcall.py's mk_try: a cached
-    call from its call-site slot, no Python frame; the Python function for anything else). Where a public name no
+    and the three convolutions (forward, backward data, backward filter) as compiled entries over their Python
+    functions (pydnn/_build/fastcall.py's mk_try: a cached call from its call-site slot, no Python frame; the Python
+    function for anything else). Where a public name no
     longer holds the def (a caller replaced it) it is left alone; a reference taken earlier keeps the def, which
     answers the same."""
     global _entries_tried, note

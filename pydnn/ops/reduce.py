@@ -541,8 +541,8 @@ def _note(pl, d):
     try:
         pl.crec
     except AttributeError:
-        fastcall.plan_record(pl, ("out", "in_", "indices", "workspace"), ReduceParams, KEEP_FLAGS, FLAG_BETA, isz=0,
-                             align=2,
+        fastcall.plan_record(pl, ("out", "in_", "indices", "workspace"), ReduceParams, KEEP_FLAGS, FLAG_BETA,
+                             isz=0, align=2,
                              finish=lambda lc: ((lc.finish, lc.fgrid, (BLOCK, 1, 1)) if lc.params.segments > 1
                                                 else None),
                              flags_or=FLAG_NAN_PROP if d.nan_opt else 0, ws_need=pl.workspace, ws_align=WS_ALIGN,

@@ -11,15 +11,6 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture
-def th():
-    h = P.create()
-    P.set_stream(h, torch.cuda.current_stream().cuda_stream)
-    yield h
-    torch.cuda.synchronize()
-    P.destroy(h)
-
-
 def _setup(n=4096):
     d = P.create_tensor_descriptor()
     P.set_tensor_nd_descriptor_ex(d, P.PYDNN_TENSOR_NCHW, P.PYDNN_DATA_FLOAT, 4, [1, 1, 1, n])

@@ -17,15 +17,6 @@ N = 4096
 TOL = dict(rtol=2e-6, atol=2e-6)  # float32 results of float32 inputs of magnitude ~1, references in float64
 
 
-@pytest.fixture
-def th():
-    h = P.create()
-    P.set_stream(h, torch.cuda.current_stream().cuda_stream)
-    yield h
-    torch.cuda.synchronize()
-    P.destroy(h)
-
-
 def _lib():
     from pydnn._build import fastcall
 

@@ -44,15 +44,6 @@ def _need_compiled():
         pytest.skip("the launch helper is not available here (no C compiler or Python headers)")
 
 
-@pytest.fixture
-def th():
-    h = P.create()
-    P.set_stream(h, torch.cuda.current_stream().cuda_stream)
-    yield h
-    torch.cuda.synchronize()
-    P.destroy(h)
-
-
 def _buffers(io, off=(0, 0, 0, 0), seed=0):
     """x, s, b, y as views `off` elements into poisoned bf16 / f16 allocations (off 0: 256-byte aligned)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)

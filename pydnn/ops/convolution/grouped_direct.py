@@ -32,7 +32,7 @@ from ..._cuda import driver
 from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
-from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, register, round_up
+from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, load_function, register, round_up
 from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, FLAG_FLIP, FLAG_PAIR, NS, TC_TAGS, ConvAuxParams
 
 SOURCE = "conv_grouped.cu"
@@ -444,21 +444,6 @@ class GroupedWgradPlan(StepPlan):
 
     def estimate_ms(self, handle, base_estimate):
         return wgrad_model_ms(self.problem, max(handle.sm_count, 1), self.tile, self.rows, self.splits)
-
-
-def load_function(handle, unit_name, expr_text, smem):
-    """The kernel, with its dynamic shared memory allowed past 48 KiB where it needs it and the shared-memory
-    carveout preferred at its maximum (a hint: with the driver's default a 41 KiB block could get a carveout
-    that holds one block a SM; the first mid-session run's ~8 us a block wave looked like that)."""
-    func = handle.function(unit_name, expr_text)
-    if smem > 48 * 1024:
-        driver.function_set_max_dynamic_smem(func, smem)
-    try:
-        d = driver._driver()
-        d.cuFuncSetAttribute(func, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-    except Exception:  # noqa: BLE001 - a hint only
-        pass
-    return func
 
 
 def _packed_rival(handle, pb, direction, algo):

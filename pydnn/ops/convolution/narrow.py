@@ -18,7 +18,7 @@ from ..._cuda import driver
 from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
-from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, register, round_up
+from .plans import LAUNCH_MS, StepPlan, add_kernels, base_params, load_function, register, round_up
 from .problem import DIR_BWD_DATA, DIR_BWD_FILTER, DIR_FWD, TC_TAGS, ConvAuxParams, packed_nhwc
 
 SOURCE = "conv_narrow.cu"
@@ -125,7 +125,6 @@ class NarrowPlan(StepPlan):
                              f"the narrow 1x1 kernels move the C-channel tensor in 16-byte vectors: {wide:#x} "
                              f"is not 16-byte aligned")
         if self.gemm_func is None:
-            from .grouped_direct import load_function
             self.gemm_func = load_function(handle, self.unit, self.gemm_expr, self.smem)
         p = self.gemm
         p.x, p.w = a_ptr, b_ptr

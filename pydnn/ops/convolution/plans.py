@@ -85,6 +85,22 @@ class Plan:
                  "deterministic", "splits", "problem", "align", "smem", "pair_ok", "threads", "cnotes")
 
 
+def load_function(handle, unit_name, expr_text, smem):
+    """The kernel, with its dynamic shared memory allowed past 48 KiB where it needs it and the shared-memory
+    carveout preferred at its maximum (a hint: with the driver's default a 41 KiB block could get a carveout
+    that holds one block a SM, ~8 us a block wave on the H200). Shared by the StepPlans that launch one kernel of
+    their own (grouped_direct, narrow, stream)."""
+    func = handle.function(unit_name, expr_text)
+    if smem > 48 * 1024:
+        driver.function_set_max_dynamic_smem(func, smem)
+    try:
+        d = driver._driver()
+        d.cuFuncSetAttribute(func, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+    except Exception:  # noqa: BLE001 - a hint only
+        pass
+    return func
+
+
 def base_params(pb, direction):
     """The ConvParams every implicit-GEMM kernel reads: sizes, padding, strides, dilation, the flip."""
     p = ConvParams()

@@ -21,7 +21,7 @@ from ..._cuda import driver
 from ...status import PydnnError
 from .._elementwise import CTYPE
 from ..common import cdiv, prod
-from .plans import StepPlan, add_kernels, base_params, register
+from .plans import StepPlan, add_kernels, base_params, load_function, register
 from .problem import DIR_BWD_DATA, DIR_FWD, TC_TAGS, packed_nhwc
 
 SOURCE = "conv_stream.cu"
@@ -127,7 +127,6 @@ class StreamPlan(StepPlan):
                              f"the streaming 1x1 kernels move {what} in 16-byte vectors: {ptr:#x} is not 16-byte "
                              f"aligned")
         if self.gemm_func is None:
-            from .grouped_direct import load_function
             self.gemm_func = load_function(handle, self.unit, self.gemm_expr, self.smem)
         p = self.gemm
         p.x, p.w, p.out = a_ptr, b_ptr, out_ptr

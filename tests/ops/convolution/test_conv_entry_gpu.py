@@ -23,16 +23,6 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 
-
-@pytest.fixture
-def th():
-    h = P.create()
-    P.set_stream(h, torch.cuda.current_stream().cuda_stream)
-    yield h
-    torch.cuda.synchronize()
-    P.destroy(h)
-
-
 def _lib(th):
     """The compiled entries, set up by a first element-wise call."""
     from pydnn._build import fastcall

@@ -57,7 +57,8 @@ def test_where_the_stream_kernels_serve(on):
     assert type(pl) is S.StreamPlan and pl.gemm_expr == S._expr("f16", 64, 256, False)
     assert "reduction 248" in S.refusal(Pb.problem(conv, x, w, y), Pb.DIR_BWD_DATA)
     for args, why in (((8, 136, 64, (16, 16)), "reduction 136"), ((8, 12, 64, (16, 16)), "reduction 12"),
-                      ((8, 64, 60, (16, 16)), "output channels 60"), ((8, 64, 64, (16, 16), BF16, False), "packed NHWC"),
+                      ((8, 64, 60, (16, 16)), "output channels 60"),
+                      ((8, 64, 64, (16, 16), BF16, False), "packed NHWC"),
                       ((8, 64, 64, (16, 16), F32), "half"), ((8, 64, 64, (16, 16), BF16, True, 3, 1), "1x1"),
                       ((8, 64, 64, (16, 16), BF16, True, 1, 0, 2), "1x1"),
                       ((8, 64, 64, (16, 16), BF16, True, 1, 0, 1, 2), "groups"),

@@ -1,19 +1,16 @@
-"""The streaming 1x1 convolutions (ops/convolution/stream.py, tuning.conv.STREAM_1X1) on
-the GPU against the float64 reference: forward (IMPLICIT_PRECOMP_GEMM; the fused bias + z + activation too) and
-backward data (ALGO_1), for reductions of 8 .. 128 (one to eight k16 steps, tails zero-filled), output sides of 8 ..
-400 (each NT tile, tails masked; column chunks past 256), pixel counts that leave a partial 64-row tile, grids of fewer blocks than tiles
-(the ring walking several) and the issue's worst layer (N32 64 -> 64 @56); bf16 and fp16, alpha / beta, outputs
-poisoned; the plan taken is the streaming one."""
-import numpy as np
+"""The streaming 1x1 convolutions (ops/convolution/stream.py, tuning.conv.STREAM_1X1) on the GPU against the float64
+reference: forward (IMPLICIT_PRECOMP_GEMM; the fused bias + z + activation too) and backward data (ALGO_1), for
+reductions of 8 .. 128 (two to eight k16 steps, tails zero-filled), output sides of 8 .. 400 (each NT tile, tails
+masked; column chunks past 256), pixel counts that leave a partial 64-row tile, grids of fewer blocks than tiles (the
+ring walking several) and the issue's worst layer (N32 64 -> 64 @56); bf16 and fp16, alpha / beta, outputs poisoned;
+the plan taken is the streaming one."""
 import pytest
 
 import pydnn
-from devtensor import DevTensor, assert_close
 from pydnn import tuning
 from pydnn.ops.convolution import plans as CP, problem as CPb, stream as ST
-from pydnn.reference import convolution as ref
 
-from test_convolution_gpu import BF16, F16, NHWC, XCORR, Problem, _strides, check_backward_data, check_forward
+from test_convolution_gpu import BF16, F16, NHWC, Problem, check_backward_data, check_bias_activation, check_forward
 
 pytestmark = pytest.mark.gpu
 
@@ -87,22 +84,5 @@ def test_stream_few_blocks_walk_the_ring(handle, rng, blocks):
 def test_stream_bias_activation(handle, rng, dtype):
     """The fused forward on the streaming plan: bias per output channel, z (NHWC), ReLU / sigmoid."""
     case = CASES[0]
-    for mode in (pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_ACTIVATION_SIGMOID):
-        for alpha2 in (0.0, -0.5):
-            pb = Problem(case, dtype, XCORR)
-            x, w = pb.x.random(rng), pb.w.random(rng)
-            z = DevTensor(pb.yd, dtype, _strides(pb.yd, "nhwc"))
-            zv = z.random(rng)
-            pb.y.poison()
-            bias = DevTensor((1, pb.yd[1], 1, 1), dtype)
-            bv = bias.random(rng)
-            act = pydnn.create_activation_descriptor()
-            pydnn.set_activation_descriptor(act, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
-            _stream(handle, pb, CPb.DIR_FWD, FWD1)
-            pydnn.convolution_bias_activation_forward(handle, 1.25, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv,
-                                                      FWD1, 0, 0, alpha2, z.desc, z.ptr, bias.desc, bias.ptr, act,
-                                                      pb.y.desc, pb.y.ptr)
-            want = ref.bias_activation_forward(1.25, x, w, alpha2, zv, bv, mode, 0.0, *pb.args())
-            scale = 1.25 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + abs(alpha2) * np.abs(zv) + np.abs(bv)
-            assert_close(pb.y.download(), want, dtype, f"stream bias+act {mode} alpha2 {alpha2}", scale=scale)
-            pb.y.check_untouched()
+    check_bias_activation(handle, rng, case, dtype, FWD1, "stream bias+act",
+                          lambda pb: _stream(handle, pb, CPb.DIR_FWD, FWD1))

@@ -108,6 +108,31 @@ def _same_bits_again(t, rerun):
     assert (t.buf.to_numpy().view(np.uint8) == first.view(np.uint8)).all()
 
 
+def check_bias_activation(handle, rng, case, dtype, algo, what, before):
+    """ConvolutionBiasActivationForward with `algo` on a case's cross-correlation: bias per output channel, z (NHWC),
+    ReLU / sigmoid, alpha2 0 and -0.5, against the float64 reference (y poisoned, every element written).
+    before(pb) runs first (the plan check)."""
+    for mode in (pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_ACTIVATION_SIGMOID):
+        for alpha2 in (0.0, -0.5):
+            pb = Problem(case, dtype, XCORR)
+            x, w = pb.x.random(rng), pb.w.random(rng)
+            z = DevTensor(pb.yd, dtype, _strides(pb.yd, "nhwc"))
+            zv = z.random(rng)
+            pb.y.poison()
+            bias = DevTensor((1, pb.yd[1], 1, 1), dtype)
+            bv = bias.random(rng)
+            act = pydnn.create_activation_descriptor()
+            pydnn.set_activation_descriptor(act, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
+            before(pb)
+            pydnn.convolution_bias_activation_forward(handle, 1.25, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv,
+                                                      algo, 0, 0, alpha2, z.desc, z.ptr, bias.desc, bias.ptr, act,
+                                                      pb.y.desc, pb.y.ptr)
+            want = ref.bias_activation_forward(1.25, x, w, alpha2, zv, bv, mode, 0.0, *pb.args())
+            scale = 1.25 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + abs(alpha2) * np.abs(zv) + np.abs(bv)
+            assert_close(pb.y.download(), want, dtype, f"{what} {mode} alpha2 {alpha2}", scale=scale)
+            pb.y.check_untouched()
+
+
 def check_backward_data(rng, make, dtype, run, what, modes=BWD_DATA_MODES, reproducible=False):
     """ConvolutionBackwardData, enqueued by run(pb, alpha, beta), for each (mode, alpha, beta) of modes
     against the float64 reference: dx poisoned when beta is 0 (never read, every element written), random

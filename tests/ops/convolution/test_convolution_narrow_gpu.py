@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import pydnn
-from devtensor import DevTensor, assert_close
+from devtensor import assert_close
 from pydnn.ops.convolution import narrow as NW, plans as CP, problem as CPb
 from pydnn.reference import convolution as ref
 
-from test_convolution_gpu import (BF16, F16, NHWC, XCORR, Problem, _same_bits_again, _strides, _workspace,
-                                  check_backward_data, check_backward_filter, check_forward)
+from test_convolution_gpu import (BF16, F16, NHWC, Problem, _same_bits_again, _workspace, check_backward_data,
+                                  check_backward_filter, check_bias_activation, check_forward)
 
 pytestmark = pytest.mark.gpu
 
@@ -74,25 +74,8 @@ def test_narrow_backward_filter(handle, rng, case, dtype):
 def test_narrow_bias_activation(handle, rng, dtype):
     """The fused forward on the narrow plan: bias per output channel, z (NHWC), ReLU / sigmoid."""
     case = CASES[0]
-    for mode in (pydnn.PYDNN_ACTIVATION_RELU, pydnn.PYDNN_ACTIVATION_SIGMOID):
-        for alpha2 in (0.0, -0.5):
-            pb = Problem(case, dtype, XCORR)
-            x, w = pb.x.random(rng), pb.w.random(rng)
-            z = DevTensor(pb.yd, dtype, _strides(pb.yd, "nhwc"))
-            zv = z.random(rng)
-            pb.y.poison()
-            bias = DevTensor((1, pb.yd[1], 1, 1), dtype)
-            bv = bias.random(rng)
-            act = pydnn.create_activation_descriptor()
-            pydnn.set_activation_descriptor(act, mode, pydnn.PYDNN_NOT_PROPAGATE_NAN, 0.0)
-            _narrow(handle, pb, CPb.DIR_FWD, FWD0)
-            pydnn.convolution_bias_activation_forward(handle, 1.25, pb.x.desc, pb.x.ptr, pb.wdesc, pb.w.ptr, pb.conv,
-                                                      FWD0, 0, 0, alpha2, z.desc, z.ptr, bias.desc, bias.ptr, act,
-                                                      pb.y.desc, pb.y.ptr)
-            want = ref.bias_activation_forward(1.25, x, w, alpha2, zv, bv, mode, 0.0, *pb.args())
-            scale = 1.25 * ref.forward_raw(np.abs(x), np.abs(w), *pb.args()) + abs(alpha2) * np.abs(zv) + np.abs(bv)
-            assert_close(pb.y.download(), want, dtype, f"narrow bias+act {mode} alpha2 {alpha2}", scale=scale)
-            pb.y.check_untouched()
+    check_bias_activation(handle, rng, case, dtype, FWD0, "narrow bias+act",
+                          lambda pb: _narrow(handle, pb, CPb.DIR_FWD, FWD0))
 
 
 def test_narrow_unet_head_backward_filter_reproducible(handle, rng):

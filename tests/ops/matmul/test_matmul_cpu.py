@@ -217,8 +217,8 @@ def test_wgmma_persistent_items_cover_each_tile_once(tiles_m, tiles_n, batch, gr
 
 
 def test_wgmma_short_k(monkeypatch):
-    """The persistent run-on tile takes K >= tuning.matmul.WG_PERSIST_MIN_K (the GPT demo's d384 projections, K = 384); the
-    one-block-a-tile forms keep WG_MIN_K."""
+    """The persistent run-on tile takes K >= tuning.matmul.WG_PERSIST_MIN_K (the GPT demo's d384 projections,
+    K = 384); the one-block-a-tile forms keep WG_MIN_K."""
     h = cpu_handle()
     monkeypatch.setattr(h, "arch", "sm_90")
     monkeypatch.setattr(tuning.matmul, "USE_WGMMA", True)
